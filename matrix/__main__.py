@@ -1,0 +1,117 @@
+"""``python -m matrix list|plan``: the cells of the matrix, and their CI shards.
+
+Both commands read YAML only: they never import torch (nor any op), so they
+answer in well under two seconds on a bare CI runner.  Errors print one
+``file:line: problem (hint)`` line each to stderr and exit with the error's
+own exit code (see :mod:`matrix.errors`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from matrix import installed_torch, load_cells, narrow
+from matrix.errors import OpgateError, UsageError
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", type=Path, default=None, help="matrix config (default: matrix/default.yaml)"
+    )
+    parser.add_argument(
+        "--ops-path", type=Path, action="append", default=[], metavar="DIR", help="extra op specs"
+    )
+    parser.add_argument(
+        "--select", action="append", default=[], metavar="GLOB", help="keep matching cell ids"
+    )
+    parser.add_argument("--skip", action="append", default=[], metavar="GLOB", help="drop matching cell ids")
+    parser.add_argument(
+        "--torch",
+        default=None,
+        metavar="VERSION",
+        help="torch version standing in for 'installed' (default: metadata)",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m matrix", description=__doc__.split("\n", 1)[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    lst = sub.add_parser("list", help="print cell ids (one per line) or --json")
+    _common(lst)
+    lst.add_argument("--json", action="store_true", help="a JSON list of cells with every axis")
+    plan = sub.add_parser("plan", help="shard the cells for CI")
+    _common(plan)
+    plan.add_argument("--format", choices=("gha", "json"), default="gha")
+    plan.add_argument(
+        "--max-jobs", type=int, default=None, metavar="N", help="at most N shards (default 64, <= 256)"
+    )
+    plan.add_argument(
+        "--history", type=Path, default=None, metavar="FILE", help="previous compat.json/results.json"
+    )
+    plan.add_argument(
+        "--target-s", type=float, default=None, metavar="S", help="split groups longer than S seconds"
+    )
+    plan.add_argument(
+        "--manifest", type=Path, default=None, metavar="FILE", help="write shard names + cell ids"
+    )
+    return parser
+
+
+def _list(args: argparse.Namespace) -> str:
+    cells = load_cells(args.config, args.ops_path, args.select, args.skip, torch_version=args.torch)
+    if args.json:
+        return json.dumps([c.to_json() for c in cells], indent=1)
+    return "\n".join(c.id for c in cells)
+
+
+def _plan(args: argparse.Namespace) -> str:
+    from matrix import plan as planmod
+    from matrix.config import load_config
+    from matrix.expand import expand
+    from ops.spec import load_specs
+
+    if args.target_s is not None and args.target_s <= 0:
+        raise UsageError(f"--target-s {args.target_s}: must be > 0")
+    config = load_config(args.config)
+    universe = expand(config, load_specs(args.ops_path), args.torch or installed_torch())
+    cells = narrow(universe, args.select, args.skip)
+    plan = planmod.make_plan(
+        cells,
+        config.runners,
+        universe=universe,
+        max_jobs=planmod.DEFAULT_MAX_JOBS if args.max_jobs is None else args.max_jobs,
+        history=planmod.load_history(args.history) if args.history else None,
+        target_s=planmod.DEFAULT_TARGET_S if args.target_s is None else args.target_s,
+        runners_where=config.where("runners"),
+    )
+    text = plan.gha_json()  # the size check applies to both formats: json feeds the same jobs
+    if args.manifest is not None:
+        args.manifest.parent.mkdir(parents=True, exist_ok=True)
+        args.manifest.write_text(json.dumps(plan.manifest(), indent=1) + "\n")
+    if args.format == "json":
+        return json.dumps({"include": [s.to_gha() for s in plan.shards]}, indent=2)
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        out = _list(args) if args.command == "list" else _plan(args)
+    except OpgateError as err:
+        print(err.message(), file=sys.stderr)
+        return err.exit_code
+    try:
+        if out:
+            print(out, flush=True)
+    except BrokenPipeError:  # `python -m matrix list | head`: not an error
+        sys.stdout = Path(os.devnull).open("w")  # noqa: SIM115 - keeps interpreter exit from re-raising
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

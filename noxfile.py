@@ -1,0 +1,257 @@
+"""opgate's sessions: the project's tests, lint, and the compatibility matrix per torch version.
+
+Session names are part of CI's contract (workflows call them by name), so they
+never depend on the machine:
+
+    tests                     the project's test suite (torch 2.13.0 + triton 3.8.0 venv)
+    lint                      ruff, ruff format --check, mypy, actionlint
+    matrix(torch=2.13.0)      the default matrix in a venv with that torch (and its triton)
+    matrix(torch=2.14.1)      same, CUDA 13 build of torch (runs on CPU where there is no GPU)
+    matrix(torch=installed)   the Python that started nox, as it is (GPU boxes, no network)
+    liger                     the liger-kernel op specs (``-- --ops-path DIR`` to point elsewhere)
+
+What *does* depend on the machine is which of them ``nox -s matrix`` means:
+the pinned torch versions on a machine that can install them, ``installed`` on
+a GPU machine whose Python already carries a CUDA torch (and usually has no
+network).  ``OPGATE_MATRIX_DEFAULT=pinned|installed`` overrides the guess.
+Every matrix session writes ``out/runs/<torch id>`` and then republishes
+``out/report`` from every run present (``OPGATE_OUT`` moves ``out``), so
+running two versions one after the other leaves one merged table with a
+column per torch.
+
+pip is the installer on purpose: the local wheel index that carries torch's
+CPU and CUDA builds is reached by pip's configuration only.
+
+``python3 noxfile.py ARGS`` is ``nox ARGS`` on a machine with nothing but
+Python: when the interpreter lacks nox, nox is installed into
+``.nox/_bootstrap`` once.  Either way ``OPGATE_PYTHON`` keeps the interpreter
+the user started, which is what ``matrix(torch=installed)`` validates.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+NOX_REQUIREMENT = "nox>=2024.10.9"
+BOOTSTRAP = Path(__file__).resolve().parent / ".nox" / "_bootstrap"
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
+
+
+def _has_nox() -> bool:
+    try:
+        return _version_tuple(importlib.metadata.version("nox")) >= (2024, 10, 9)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def bootstrap_main(argv: list[str]) -> int:
+    """``python3 noxfile.py ARGS``: run nox (installing it into .nox/_bootstrap if need be)."""
+    python = sys.executable
+    if not _has_nox():
+        bindir = BOOTSTRAP / ("Scripts" if os.name == "nt" else "bin")
+        python = str(bindir / ("python.exe" if os.name == "nt" else "python"))
+        if not Path(python).exists():
+            subprocess.run([sys.executable, "-m", "venv", str(BOOTSTRAP)], check=True)
+        if not any(bindir.glob("nox*")):  # also finishes a bootstrap that was interrupted
+            print(f"noxfile.py: installing {NOX_REQUIREMENT} into {BOOTSTRAP}", file=sys.stderr)
+            subprocess.run([python, "-m", "pip", "install", "--quiet", NOX_REQUIREMENT], check=True)
+    env = {**os.environ, "OPGATE_PYTHON": os.environ.get("OPGATE_PYTHON", sys.executable)}
+    return subprocess.call([python, "-m", "nox", "-f", __file__, *argv], env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(bootstrap_main(sys.argv[1:]))
+
+import nox  # noqa: E402 - after the bootstrap, which must run without nox
+
+nox.needs_version = ">=2024.10.9"
+nox.options.default_venv_backend = "virtualenv"
+nox.options.envdir = ".nox"
+nox.options.error_on_missing_interpreters = True
+
+ROOT = Path(__file__).resolve().parent
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+PROJECT_DEPS: list[str] = list(PYPROJECT["project"]["dependencies"])
+EXTRAS: dict[str, list[str]] = PYPROJECT["project"]["optional-dependencies"]
+
+#: torch version -> the triton it is validated with (torch 2.14.1 itself asks triton~=3.8.0).
+TORCH_PINS: dict[str, str] = {"2.13.0": "3.8.0", "2.14.1": "3.8.0"}
+#: The torch of the test suite and of the lint venv (mypy needs torch's types).
+TEST_TORCH = "2.13.0"
+#: Installed beside every torch (see install_torch_env).
+TORCH_ENV_EXTRAS = ("numpy",)
+INSTALLED = "installed"
+
+#: ``OPGATE_OUT`` moves every output (tests point it at a temporary folder).
+OUT = Path(os.environ.get("OPGATE_OUT", "out"))
+RUNS = OUT / "runs"
+REPORT = OUT / "report"
+#: With ``--install-only`` nox skips every ``session.run``: there is nothing to publish.
+INSTALL_ONLY = "--install-only" in sys.argv
+#: The interpreter ``matrix(torch=installed)`` validates: the one the user started.
+INSTALLED_PYTHON = os.environ.get("OPGATE_PYTHON") or sys.executable
+#: Where the liger-kernel specs live unless the session is given ``--ops-path``.
+LIGER_SPECS = Path("ops/external/liger")
+#: liger specs name their ops ``liger_*`` (e.g. ``liger_rms_norm``).
+LIGER_SELECT = "liger_*"
+
+
+def torch_version(python: str) -> str | None:
+    """The torch distribution version of ``python`` (metadata only, torch is not imported)."""
+    # Not resolve(): a venv's python is a symlink to the base interpreter, with other packages.
+    if os.path.abspath(python) == os.path.abspath(sys.executable):  # noqa: PTH100
+        try:
+            return importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    probe = (
+        "import importlib.metadata as m\ntry: print(m.version('torch'))\nexcept m.PackageNotFoundError: pass"
+    )
+    done = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False, timeout=60)
+    return done.stdout.strip() or None
+
+
+def matrix_default() -> str:
+    """``"installed"`` on a GPU machine whose Python has torch, ``"pinned"`` elsewhere.
+
+    The GPU machine's torch (a CUDA build, no network to fetch another) is the
+    environment worth validating there; a CPU machine validates the pins.
+    """
+    override = os.environ.get("OPGATE_MATRIX_DEFAULT", "").strip().lower()
+    if override in ("pinned", INSTALLED):
+        return override
+    if override:
+        raise SystemExit(f"OPGATE_MATRIX_DEFAULT={override!r}: expected 'pinned' or 'installed'")
+    has_gpu = Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+    return INSTALLED if has_gpu and torch_version(INSTALLED_PYTHON) else "pinned"
+
+
+def install_torch_env(session: nox.Session, torch: str) -> None:
+    """The project's runtime deps with one pinned torch and the triton that goes with it.
+
+    numpy: triton's CPU interpreter (TRITON_INTERPRET=1) imports it without declaring it.
+    """
+    session.install(*PROJECT_DEPS, f"torch=={torch}", f"triton=={TORCH_PINS[torch]}", *TORCH_ENV_EXTRAS)
+
+
+def publish_all_runs(session: nox.Session, python: str) -> None:
+    """Merge every torch run under out/runs into one table (a column per environment)."""
+    runs = sorted(p.parent for p in RUNS.glob("*/results.json"))
+    if not runs:
+        if INSTALL_ONLY:
+            return
+        session.error(f"no results.json under {RUNS}/*: nothing to publish")
+    ins = [arg for run in runs for arg in ("--in", str(run))]
+    session.run(python, "-m", "reports", "publish", *ins, "--out", str(REPORT))
+
+
+def run_matrix(session: nox.Session, torch_id: str, python: str) -> None:
+    """Run the default matrix into out/runs/<torch_id>, then republish out/report.
+
+    posargs go to ``validators run`` (``--select``, ``--skip``, ``--jobs``, ...).
+    """
+    out = RUNS / torch_id
+    session.run(python, "-m", "validators", "run", "--out", str(out), *session.posargs)
+    publish_all_runs(session, python)
+
+
+def matrix_pinned(session: nox.Session, torch: str) -> None:
+    install_torch_env(session, torch)
+    run_matrix(session, torch, "python")
+
+
+def matrix_installed(session: nox.Session) -> None:
+    """No venv: the interpreter the user started (``OPGATE_PYTHON``), with whatever it has."""
+    version = torch_version(INSTALLED_PYTHON)
+    if version is None:
+        session.error(f"{INSTALLED_PYTHON} has no torch installed; use matrix(torch={TEST_TORCH})")
+    session.log(f"validating torch {version} of {INSTALLED_PYTHON}")
+    run_matrix(session, INSTALLED, INSTALLED_PYTHON)
+
+
+def _register_matrix_sessions() -> None:
+    """Register the three matrix sessions; only this machine's default answers to ``-s matrix``.
+
+    nox runs every session whose *name* is ``matrix`` for ``-s matrix``.  The
+    default ones are registered as the parametrized session ``matrix`` (names
+    ``matrix(torch=X)``); the others under their full name alone, so the names
+    are the same everywhere and only the grouping moves.
+    """
+    pinned_ids = [f"torch={v}" for v in TORCH_PINS]
+    if matrix_default() == INSTALLED:
+
+        @nox.session(name="matrix", python=False, default=False)
+        @nox.parametrize("torch", [INSTALLED], ids=[f"torch={INSTALLED}"])
+        def matrix_default_installed(session: nox.Session, torch: str) -> None:
+            """The default matrix with the torch of the interpreter that started nox (machine default)."""
+            matrix_installed(session)
+
+        for version, session_id in zip(TORCH_PINS, pinned_ids, strict=True):
+            _register_pinned(version, f"matrix({session_id})")
+        return
+
+    @nox.session(name="matrix", reuse_venv=True, default=False)
+    @nox.parametrize("torch", list(TORCH_PINS), ids=pinned_ids)
+    def matrix_default_pinned(session: nox.Session, torch: str) -> None:
+        """The default matrix in a venv per pinned torch (machine default)."""
+        matrix_pinned(session, torch)
+
+    @nox.session(name=f"matrix(torch={INSTALLED})", python=False, default=False)
+    def matrix_with_installed(session: nox.Session) -> None:
+        """The default matrix with the torch of the interpreter that started nox (no venv)."""
+        matrix_installed(session)
+
+
+def _register_pinned(version: str, name: str) -> None:
+    @nox.session(name=name, reuse_venv=True, default=False)
+    def pinned(session: nox.Session) -> None:
+        """The default matrix in a venv with a pinned torch."""
+        matrix_pinned(session, version)
+
+
+_register_matrix_sessions()
+
+
+@nox.session(reuse_venv=True)
+def tests(session: nox.Session) -> None:
+    """The project's test suite.  pytest's exit 5 (nothing collected) fails the session."""
+    install_torch_env(session, TEST_TORCH)
+    session.install(*EXTRAS["test"])
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session(reuse_venv=True)
+def lint(session: nox.Session) -> None:
+    """ruff, formatting, mypy (against torch's own types) and actionlint on the workflows."""
+    install_torch_env(session, TEST_TORCH)
+    session.install(*EXTRAS["lint"])
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
+    # Reads .github/actionlint.yaml, which declares the self-hosted GPU runner labels.
+    session.run("actionlint", "-config-file", ".github/actionlint.yaml")
+
+
+@nox.session(reuse_venv=True, default=False)
+def liger(session: nox.Session) -> None:
+    """liger-kernel's ops validated from specs alone (no opgate code in between)."""
+    install_torch_env(session, TEST_TORCH)
+    session.install("liger-kernel")
+    args = list(session.posargs)
+    if "--ops-path" not in args:
+        if not LIGER_SPECS.is_dir():
+            session.error(f"no liger specs at {LIGER_SPECS}/: pass `-- --ops-path DIR`")
+        args += ["--ops-path", str(LIGER_SPECS)]
+    if "--select" not in args:
+        # --ops-path adds specs beside the first-party ones: keep the run to liger's.
+        args += ["--select", LIGER_SELECT]
+    session.run("python", "-m", "validators", "run", "--out", str(RUNS / "liger"), *args)
+    publish_all_runs(session, "python")

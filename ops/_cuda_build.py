@@ -1,0 +1,276 @@
+"""Build opgate's CUDA C++ ops with ``torch.utils.cpp_extension.load``, cached per build key.
+
+Why a cache of our own: a cold sm_80+sm_90 build of a torch extension takes
+a minute or more, and the matrix asks for the same binary from many cells (the
+build cell, then every eager/compile cell).  The key is (torch version, torch's
+CUDA, nvcc release, arch list, hash of every source and header), each key gets
+its own ``build_directory`` (cpp_extension's default folder is keyed on Python
+and CUDA only), and a finished build leaves ``opgate-build.json`` with the
+library's sha256 — so a second run neither recompiles nor even runs ninja.
+
+The build runs in a child interpreter: cpp_extension reads ``CUDA_HOME`` and
+``TORCH_CUDA_ARCH_LIST`` from the environment and loads what it built, and a
+build-only cell must not register ops in the worker (nor inherit another
+cell's toolkit).  :func:`load_library` loads a built library into this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from validators.toolchain import Toolchain, ensure_nvcc, find_toolchain, nvcc_release
+
+#: Files hashed into the build key: everything a source may #include from its folder.
+SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp")
+#: Flags are part of the key too: changing them must rebuild.
+EXTRA_CFLAGS = ("-O3",)
+EXTRA_CUDA_CFLAGS = ("-O3",)
+MARKER = "opgate-build.json"
+#: The child interpreter runs ``-m ops._cuda_build`` from here.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class CudaBuildUnsupported(Exception):  # noqa: N818 (a verdict name, not an error)
+    """This torch cannot build or load a CUDA extension with this nvcc (an ``unsupported`` verdict)."""
+
+
+class CudaBuildError(Exception):
+    """The compiler or linker failed; the message ends with the build log's tail."""
+
+
+@dataclass
+class BuiltExtension:
+    """A finished build: where the library is and how it got there."""
+
+    name: str
+    library: Path
+    build_dir: Path
+    key: dict[str, str]
+    cache_hit: bool
+    build_s: float
+    log: Path
+
+    def to_json(self) -> dict[str, object]:
+        d = asdict(self)
+        d.update(library=str(self.library), build_dir=str(self.build_dir), log=str(self.log))
+        return d
+
+
+def arch_list(sass: Sequence[str], ptx: bool) -> str:
+    """``["sm_80", "sm_90"], ptx=True`` -> ``"8.0;9.0+PTX"`` (TORCH_CUDA_ARCH_LIST syntax)."""
+    if not sass:
+        raise ValueError("arch policy lists no sass arch")
+    items = []
+    for arch in sass:
+        digits = arch.removeprefix("sm_").rstrip("af")
+        if not digits.isdigit() or len(digits) < 2:
+            raise ValueError(f"bad arch {arch!r}: expected sm_XY, e.g. sm_90")
+        items.append(f"{digits[:-1]}.{digits[-1]}")
+    if ptx:
+        items[-1] += "+PTX"
+    return ";".join(items)
+
+
+def source_hash(sources: Sequence[Path]) -> str:
+    """sha256 over every source and header in the sources' folders, plus the compile flags."""
+    files: set[Path] = set()
+    for src in sources:
+        if not src.is_file():
+            raise FileNotFoundError(f"CUDA source {src} does not exist")
+        files.update(p for p in src.parent.iterdir() if p.suffix in SOURCE_SUFFIXES and p.is_file())
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(repr((EXTRA_CFLAGS, EXTRA_CUDA_CFLAGS)).encode())
+    return h.hexdigest()
+
+
+def torch_cuda_problem(toolchain: Toolchain) -> str | None:
+    """Why this torch cannot take a CUDA extension built by ``toolchain`` (None when it can)."""
+    import torch
+
+    if torch.version.cuda is None:
+        return (
+            f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None): it ships no "
+            "CUDA headers config or libtorch_cuda, so cpp_extension cannot build a CUDA extension for it"
+        )
+    torch_major = int(torch.version.cuda.split(".")[0])
+    if torch_major != toolchain.major:
+        return (
+            f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, nvcc is {toolchain.release}: "
+            "an extension must use the CUDA major version torch was built with"
+        )
+    return None
+
+
+def cache_root() -> Path:
+    env = os.environ.get("OPGATE_BUILD_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "opgate" / "builds"
+
+
+def build_key(
+    name: str, sources: Sequence[Path], sass: Sequence[str], ptx: bool, tc: Toolchain
+) -> dict[str, str]:
+    import torch
+
+    return {
+        "name": name,
+        "torch": torch.__version__,
+        "torch_cuda": str(torch.version.cuda),
+        "nvcc": tc.release,
+        "arch_list": arch_list(sass, ptx),
+        "sources": source_hash(sources),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+    }
+
+
+def _key_dir(key: dict[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    arches = key["arch_list"].replace(";", "_").replace(".", "").replace("+", "")
+    return f"{key['name']}-pt{key['torch'].split('+')[0]}-cu{key['nvcc']}-{arches}-{digest}"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _cached(build_dir: Path, key: dict[str, str]) -> Path | None:
+    marker = build_dir / MARKER
+    if not marker.is_file():
+        return None
+    data = json.loads(marker.read_text())
+    lib = Path(data.get("library", ""))
+    if data.get("key") != key or not lib.is_file() or _sha256(lib) != data.get("sha256"):
+        return None
+    return lib
+
+
+def build(
+    name: str,
+    sources: Sequence[Path],
+    sass: Sequence[str],
+    ptx: bool,
+    toolchain: Toolchain,
+    *,
+    root: Path | None = None,
+    timeout_s: float = 1800,
+) -> BuiltExtension:
+    """Build (or reuse) extension ``name`` from ``sources`` for the arch policy with ``toolchain``.
+
+    Raises :class:`CudaBuildUnsupported` (CPU-only torch, CUDA major mismatch)
+    before compiling anything, :class:`CudaBuildError` when compilation fails.
+    """
+    problem = torch_cuda_problem(toolchain)
+    if problem:
+        raise CudaBuildUnsupported(problem)
+    sources = [Path(s).resolve() for s in sources]
+    key = build_key(name, sources, sass, ptx, toolchain)
+    build_dir = (root or cache_root()) / _key_dir(key)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log = build_dir / "build.log"
+    start = time.monotonic()
+    with (build_dir / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lib = _cached(build_dir, key)
+        if lib is not None:
+            return BuiltExtension(name, lib, build_dir, key, True, time.monotonic() - start, log)
+        env = {
+            **os.environ,
+            "CUDA_HOME": str(toolchain.cuda_home),
+            "PATH": f"{toolchain.nvcc.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "TORCH_CUDA_ARCH_LIST": key["arch_list"],
+            "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+        }
+        request = {"name": name, "sources": [str(s) for s in sources], "build_dir": str(build_dir)}
+        cmd = [sys.executable, "-m", "ops._cuda_build", json.dumps(request)]
+        try:
+            proc = subprocess.run(
+                cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise CudaBuildError(f"build of {name} exceeded {timeout_s:.0f} s") from exc
+        log.write_text(proc.stdout + proc.stderr)
+        lib = build_dir / f"{name}.so"
+        if proc.returncode != 0 or not lib.is_file():
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+            raise CudaBuildError(f"build of {name} with nvcc {toolchain.release} failed (log {log}):\n{tail}")
+        seconds = time.monotonic() - start
+        marker = {"key": key, "library": str(lib), "sha256": _sha256(lib), "build_s": round(seconds, 2)}
+        (build_dir / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+        return BuiltExtension(name, lib, build_dir, key, False, seconds, log)
+
+
+def default_toolchain() -> Toolchain:
+    """The nvcc for runtime use: ``$OPGATE_CUDA_VERSION``, else torch's CUDA, else any same-major nvcc."""
+    import torch
+
+    wanted = os.environ.get("OPGATE_CUDA_VERSION") or torch.version.cuda
+    if wanted is None:
+        raise CudaBuildUnsupported(
+            f"torch {torch.__version__} is a CPU-only build; no CUDA extension can load"
+        )
+    version = ".".join(wanted.split(".")[:2])
+    found = find_toolchain(version)
+    if found is not None:
+        return found
+    on_path = shutil.which("nvcc")
+    release = nvcc_release(Path(on_path)) if on_path else None
+    if release and release.split(".")[0] == version.split(".")[0]:
+        same_major = find_toolchain(".".join(release.split(".")[:2]))
+        if same_major is not None:
+            return same_major
+    return ensure_nvcc(version)
+
+
+_LOADED: dict[str, Path] = {}
+
+
+def load_library(
+    name: str, sources: Sequence[Path], sass: Sequence[str], ptx: bool = False
+) -> BuiltExtension:
+    """Build (cached) with :func:`default_toolchain` and load the ops into this process once."""
+    import torch
+
+    built = build(name, sources, sass, ptx, default_toolchain())
+    if name not in _LOADED:
+        torch.ops.load_library(str(built.library))
+        _LOADED[name] = built.library
+    elif _LOADED[name] != built.library:
+        raise RuntimeError(f"{name}: {_LOADED[name]} is already loaded; cannot also load {built.library}")
+    return built
+
+
+def _child(request_json: str) -> int:
+    """Runs in the child interpreter: one cpp_extension.load, environment already set."""
+    from torch.utils import cpp_extension
+
+    req = json.loads(request_json)
+    cpp_extension.load(
+        name=req["name"],
+        sources=req["sources"],
+        extra_cflags=list(EXTRA_CFLAGS),
+        extra_cuda_cflags=list(EXTRA_CUDA_CFLAGS),
+        build_directory=req["build_dir"],
+        is_python_module=False,
+        with_cuda=True,
+        verbose=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="opgate CUDA extension build (child process)")
+    parser.add_argument("request", help="JSON: name, sources, build_dir")
+    sys.exit(_child(parser.parse_args().request))

@@ -1,0 +1,57 @@
+"""opgate_cuda::silu_mul — the CUDA C++ SwiGLU gate, registered for torch.compile and autograd.
+
+The C++ extension (ops/silu_mul/cuda/) defines the schema and the CUDA kernel;
+this module builds it (cached, :mod:`ops._cuda_build`), loads it, and registers
+the fake kernels and the autograd formula (``opgate_cuda::silu_mul_backward``).
+Importing it on a CPU-only torch raises :class:`ops._cuda_build.CudaBuildUnsupported`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ops._cuda_build import load_library
+
+CUDA_DIR = Path(__file__).resolve().parent / "cuda"
+SOURCES = (CUDA_DIR / "silu_mul_op.cpp", CUDA_DIR / "silu_mul_kernels.cu")
+#: Must match ``arch_policy.sass`` of the ``cuda`` implementation in spec.yaml (a test checks it).
+ARCHES = ("sm_80", "sm_90")
+LIBRARY_NAME = "opgate_silu_mul_cuda"
+BUILT = load_library(LIBRARY_NAME, SOURCES, ARCHES)
+
+
+@torch.library.register_fake("opgate_cuda::silu_mul")
+def _silu_mul_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.empty(a.shape, dtype=a.dtype, device=a.device)
+
+
+@torch.library.register_fake("opgate_cuda::silu_mul_backward")
+def _silu_mul_backward_fake(
+    grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.empty(a.shape, dtype=a.dtype, device=a.device),
+        torch.empty(a.shape, dtype=a.dtype, device=a.device),
+    )
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    a, b = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    a, b = ctx.saved_tensors
+    da, db = torch.ops.opgate_cuda.silu_mul_backward(grad, a, b)
+    return (da if ctx.needs_input_grad[0] else None, db if ctx.needs_input_grad[1] else None)
+
+
+torch.library.register_autograd("opgate_cuda::silu_mul", _backward, setup_context=_setup_context)
+
+
+def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b computed by opgate's CUDA kernel (CUDA tensors only), fp32 math, one rounding."""
+    return torch.ops.opgate_cuda.silu_mul(a, b)

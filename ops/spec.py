@@ -1,0 +1,407 @@
+"""Op specs (``ops/SPEC.md``): discovery, validation and the typed view validators use.
+
+A spec is data: this module never imports an op (nor torch), so ``python -m
+matrix list`` stays fast on a machine without a GPU stack.  Callables named
+``module:attribute`` are imported later, inside a validator worker, by
+:func:`resolve`.  Specs are checked with the same schema machinery as the
+matrix config, so every mistake is reported as ``file:line`` with a hint.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import importlib
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matrix.cell import ARCHES, DTYPES, IMPLS, LAYOUTS, MODES
+from matrix.errors import ConfigError, ConfigErrors, Location, UsageError
+from matrix.schema import (
+    Bool,
+    Enum,
+    Field,
+    Float,
+    Glob,
+    Int,
+    ListOf,
+    MapOf,
+    Problems,
+    Record,
+    Str,
+    valid,
+    validate,
+)
+from matrix.yamlload import YMap, YNode, load_yaml
+
+SPEC_VERSION = 1
+REPO_ROOT = Path(__file__).resolve().parent.parent
+OP_MODULES = ("norm", "activation", "attention", "position", "gemm", "other")
+DEVICE_KINDS = ("cpu", "cuda")
+_NAME = r"[a-z][a-z0-9_]*"
+_REF = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
+_REF_HINT = "write module:attribute, e.g. ops.rms_norm.reference:rms_norm"
+
+
+def _check_expr(text: str) -> str | None:
+    """Cost expressions are plain arithmetic over shape symbols: nothing callable."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as exc:
+        return f"{text!r} is not an expression: {exc.msg}"
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.operator, ast.unaryop)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            continue
+        if not isinstance(node, allowed):
+            return f"{text!r} may use only numbers, shape symbols and + - * / // % **"
+    return None
+
+
+_RULE = Record("evidence rule", {"expect": ListOf(Glob()), "forbid": ListOf(Glob())})
+_DEVICES = {"cpu": _RULE, "cuda": _RULE}
+_TOLERANCE = {"k": Float(0.0, strict=True), "atol_floor": Float(0.0)}
+_IMPL_SCHEMA = Record(
+    "implementation",
+    {
+        "kind": Field(Enum(IMPLS, "implementation kind"), required=True),
+        "module": Str("a module name", r"[A-Za-z_][\w.]*"),
+        "entry": Field(Str("a module:attribute reference", _REF, _REF_HINT), required=True),
+        "qualname": Str("a torch.library name ns::name", r"[A-Za-z_]\w*::[A-Za-z_]\w*(\.\w+)?"),
+        "evidence": Field(
+            Record(
+                "evidence", {**_DEVICES, "modes": MapOf(Enum(MODES, "mode"), Record("evidence", _DEVICES))}
+            ),
+            required=True,
+        ),
+        "sources": ListOf(Str("a path relative to the spec"), min_len=1),
+        "arch_policy": Record(
+            "arch policy", {"sass": ListOf(Enum(ARCHES[1:], "GPU arch"), unique=True), "ptx": Bool()}
+        ),
+        "requires": ListOf(Str("a distribution name", r"[A-Za-z0-9][A-Za-z0-9._-]*")),
+        "dtypes": ListOf(Enum(DTYPES, "dtype"), min_len=1, unique=True),
+        "layouts": ListOf(Enum(LAYOUTS, "layout"), min_len=1, unique=True),
+        "modes": ListOf(Enum(MODES, "mode"), min_len=1, unique=True),
+        "unsupported": ListOf(
+            Record(
+                "unsupported", {"match": Field(Glob(), required=True), "reason": Field(Str(), required=True)}
+            )
+        ),
+        "tolerance": Record("tolerance", _TOLERANCE),
+        "copies_allowed": Int(minimum=0),
+    },
+)
+_SHAPE = ListOf(Int(minimum=0), min_len=1)
+SPEC_SCHEMA = Record(
+    "op spec",
+    {
+        "spec_version": Field(Int(choices=(SPEC_VERSION,)), required=True),
+        "op": Field(Str("an op name [a-z][a-z0-9_]*", _NAME), required=True),
+        "summary": Field(Str(), required=True),
+        "module": Field(Enum(OP_MODULES, "module"), required=True),
+        "reference": Field(Str("a module:attribute reference", _REF, _REF_HINT), required=True),
+        "samples": Field(Str("a module:attribute reference", _REF, _REF_HINT), required=True),
+        "shapes": Field(MapOf(Str("a shape set name", _NAME), ListOf(_SHAPE, min_len=1)), required=True),
+        "cost": Record(
+            "cost",
+            {
+                **{
+                    k: Field(Str("an arithmetic expression", check=_check_expr), True)
+                    for k in ("bytes", "flops")
+                },
+                **{
+                    k: Str("an arithmetic expression", check=_check_expr)
+                    for k in ("backward_bytes", "backward_flops")
+                },
+                "symbols": ListOf(Str("a shape symbol", r"[A-Z][A-Za-z0-9_]*"), min_len=1, unique=True),
+            },
+        ),
+        "dtypes": Field(ListOf(Enum(DTYPES, "dtype"), min_len=1, unique=True), required=True),
+        "layouts": Field(ListOf(Enum(LAYOUTS, "layout"), min_len=1, unique=True), required=True),
+        "modes": Field(ListOf(Enum(MODES, "mode"), min_len=1, unique=True), required=True),
+        "dynamic_shapes": Bool(),
+        "tolerance": Field(
+            Record("tolerance", {k: Field(s, True) for k, s in _TOLERANCE.items()}), required=True
+        ),
+        "copies_allowed": Int(minimum=0),
+        "implementations": Field(
+            MapOf(Str("an implementation name [a-z][a-z0-9_]*", _NAME), _IMPL_SCHEMA, min_len=1),
+            required=True,
+        ),
+    },
+)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Op error vs the float64 oracle must be <= ``k`` x the reference's own error, floored."""
+
+    k: float
+    atol_floor: float
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Glob patterns over profiler event / kernel names: one must match ``expect``, none ``forbid``."""
+
+    expect: tuple[str, ...] = ()
+    forbid: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    match: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ImplSpec:
+    """One implementation; dtypes/layouts/modes/tolerance are already resolved against the op."""
+
+    name: str
+    kind: str
+    module: str
+    entry: str
+    qualname: str | None
+    evidence: dict[str, Evidence]
+    sources: list[Path]
+    arch_policy: dict[str, Any]
+    requires: list[str]
+    dtypes: list[str]
+    layouts: list[str]
+    modes: list[str]
+    unsupported: list[Unsupported]
+    tolerance: Tolerance
+    copies_allowed: int
+    mode_evidence: dict[str, dict[str, Evidence]]
+
+    def evidence_for(self, device_kind: str, mode: str) -> Evidence:
+        """Evidence for a device kind in a mode: a mode's own rule, field by field over the default."""
+        if device_kind not in DEVICE_KINDS:
+            raise ValueError(f"device_kind must be one of {DEVICE_KINDS}, got {device_kind!r}")
+        specific = self.mode_evidence.get(mode, {}).get(device_kind)
+        return specific if specific is not None else self.evidence.get(device_kind, Evidence())
+
+    def unsupported_reason(self, cell_id: str) -> str | None:
+        """Why the spec declares this cell unsupported, or None (first matching glob wins)."""
+        return next((u.reason for u in self.unsupported if fnmatch.fnmatchcase(cell_id, u.match)), None)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    op: str
+    summary: str
+    module: str
+    reference: str
+    samples: str
+    shapes: dict[str, list[tuple[int, ...]]]
+    cost: dict[str, Any]  # bytes, flops (+ backward_*): expressions; symbols: list of names
+    dtypes: list[str]
+    layouts: list[str]
+    modes: list[str]
+    dynamic_shapes: bool
+    tolerance: Tolerance
+    copies_allowed: int
+    implementations: dict[str, ImplSpec]
+    path: Path
+    root: Path
+
+
+def resolve(ref: str, root: Path | None = None) -> Any:
+    """Import ``"pkg.mod:attr"`` (``root`` is put on ``sys.path`` first, for --ops-path specs)."""
+    if not re.fullmatch(_REF, ref):
+        raise ConfigError(f"bad reference {ref!r}", hint=_REF_HINT)
+    if root is not None and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    module_name, attr = ref.split(":", 1)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} for {ref!r}: {exc}") from exc
+    missing = object()
+    for part in attr.split("."):
+        obj = getattr(obj, part, missing)
+        if obj is missing:
+            raise ConfigError(f"{ref!r}: {module_name} has no attribute {attr!r}")
+    return obj
+
+
+def _rule(raw: dict[str, Any] | None, base: Evidence | None = None) -> Evidence:
+    base = base or Evidence()
+    raw = raw or {}
+    return Evidence(
+        expect=tuple(raw.get("expect", base.expect)), forbid=tuple(raw.get("forbid", base.forbid))
+    )
+
+
+def _impl(name: str, raw: dict[str, Any], op: dict[str, Any], spec_dir: Path) -> ImplSpec:
+    ev = raw["evidence"]
+    default = {dk: _rule(ev[dk]) for dk in DEVICE_KINDS if dk in ev}
+    modes = {m: {dk: _rule(r[dk], default.get(dk)) for dk in r} for m, r in ev.get("modes", {}).items()}
+    tol = {**op["tolerance"], **raw.get("tolerance", {})}
+    return ImplSpec(
+        name=name,
+        kind=raw["kind"],
+        module=raw.get("module") or raw["entry"].split(":", 1)[0],
+        entry=raw["entry"],
+        qualname=raw.get("qualname"),
+        evidence=default,
+        sources=[spec_dir / s for s in raw.get("sources", [])],
+        arch_policy=dict(raw.get("arch_policy", {})),
+        requires=list(raw.get("requires", [])),
+        dtypes=list(raw.get("dtypes", op["dtypes"])),
+        layouts=list(raw.get("layouts", op["layouts"])),
+        modes=list(raw.get("modes", op["modes"])),
+        unsupported=[Unsupported(u["match"], u["reason"]) for u in raw.get("unsupported", [])],
+        tolerance=Tolerance(k=tol["k"], atol_floor=tol["atol_floor"]),
+        copies_allowed=int(raw.get("copies_allowed", op.get("copies_allowed", 0))),
+        mode_evidence=modes,
+    )
+
+
+def _impl_checks(
+    name: str, raw: dict[str, Any], op: dict[str, Any], node: YNode, *, spec_dir: Path, problems: Problems
+) -> None:
+    """Cross-field checks of one implementation (only on parts that validated)."""
+    where = node.where
+
+    def line(key: str) -> Location:
+        found = node.key(key) if isinstance(node, YMap) else None
+        return found.where if found is not None else where
+
+    kind = raw.get("kind")
+    if kind in ("triton", "cuda"):
+        for key, hint in (("module", "the module that registers the op"), ("qualname", "e.g. opgate::my_op")):
+            if key not in raw:
+                problems.add(where, f"implementations.{name}: kind {kind} needs {key}", hint)
+    if kind == "cuda" and "sources" not in raw:
+        problems.add(where, f"implementations.{name}: kind cuda needs sources", "list the .cu/.cpp files")
+    sources = raw.get("sources")
+    for src in sources if isinstance(sources, list) and valid(sources) else []:
+        if not (spec_dir / src).is_file():
+            problems.add(
+                line("sources"), f"implementations.{name}.sources: {src!r} not found next to the spec"
+            )
+    for axis in ("dtypes", "layouts", "modes"):
+        claimed, allowed = raw.get(axis), op.get(axis)
+        if isinstance(claimed, list) and isinstance(allowed, list) and valid(claimed) and valid(allowed):
+            extra = [v for v in claimed if v not in allowed]
+            if extra:
+                problems.add(
+                    line(axis),
+                    f"implementations.{name}.{axis}: {', '.join(extra)} not claimed by the op",
+                    f"an implementation narrows the op's {axis}; add them to the op-level list",
+                )
+    if kind == "external" and isinstance(raw.get("modes"), list) and "build" in raw["modes"]:
+        problems.add(line("modes"), f"implementations.{name}.modes: build needs kind triton or cuda")
+    ev = raw.get("evidence")
+    if valid(ev) and isinstance(ev, dict):
+        rules = [ev.get(dk) or {} for dk in DEVICE_KINDS] + [
+            r for m in ev.get("modes", {}).values() for r in m.values()
+        ]
+        if not any(r.get("expect") for r in rules):
+            problems.add(
+                line("evidence"),
+                f"implementations.{name}.evidence: no expect pattern",
+                "the fallback check needs the op event (cpu) or kernel name (cuda) that proves it ran",
+            )
+
+
+def load_spec(path: Path, root: Path) -> OpSpec:
+    """Validate one spec file; ``root`` is the directory its module references import from."""
+    path = Path(path)
+    tree = load_yaml(path)
+    problems = Problems()
+    data = validate(SPEC_SCHEMA, tree, problems)
+    if isinstance(data, dict) and isinstance(tree, YMap):
+        shapes = data.get("shapes")
+        shapes_key = tree.key("shapes")
+        if isinstance(shapes, dict) and "default" not in shapes and shapes_key is not None:
+            problems.add(shapes_key.where, "shapes: a 'default' shape set is required")
+        impls, impl_nodes = data.get("implementations"), tree.get("implementations")
+        if isinstance(impls, dict) and isinstance(impl_nodes, YMap):
+            for name, raw in impls.items():
+                node = impl_nodes.get(name)
+                if isinstance(raw, dict) and node is not None:
+                    _impl_checks(name, raw, data, node, spec_dir=path.parent, problems=problems)
+    problems.raise_if_any()
+    impls = {n: _impl(n, raw, data, path.parent) for n, raw in data["implementations"].items()}
+    return OpSpec(
+        op=data["op"],
+        summary=data["summary"],
+        module=data["module"],
+        reference=data["reference"],
+        samples=data["samples"],
+        shapes={k: [tuple(s) for s in v] for k, v in data["shapes"].items()},
+        cost=dict(data.get("cost", {})),
+        dtypes=list(data["dtypes"]),
+        layouts=list(data["layouts"]),
+        modes=list(data["modes"]),
+        dynamic_shapes=bool(data.get("dynamic_shapes", False)),
+        tolerance=Tolerance(**data["tolerance"]),
+        copies_allowed=int(data.get("copies_allowed", 0)),
+        implementations=impls,
+        path=path,
+        root=root,
+    )
+
+
+_HOLDS_SPEC = re.compile(r"^[\"']?spec_version[\"']?\s*:", re.MULTILINE)
+
+
+def discover(extra_paths: Sequence[Path] = ()) -> list[tuple[Path, Path]]:
+    """(spec file, import root): ``ops/*/spec.yaml``, then per DIR ``*/spec.yaml`` and ``*.yaml`` specs."""
+    found = [(p, REPO_ROOT) for p in sorted((REPO_ROOT / "ops").glob("*/spec.yaml"))]
+    for raw_dir in extra_paths:
+        directory = Path(raw_dir).resolve()
+        if not directory.is_dir():
+            raise UsageError(f"--ops-path {raw_dir}: not a directory")
+        found += [(p, directory) for p in sorted(directory.glob("*/spec.yaml"))]
+        for p in sorted(directory.glob("*.yaml")):
+            try:
+                holds_spec = bool(_HOLDS_SPEC.search(p.read_text(encoding="utf-8", errors="replace")))
+            except OSError as exc:
+                raise ConfigError(f"cannot read {p}: {exc}") from exc
+            if holds_spec:
+                found.append((p, directory))
+    return found
+
+
+def load_specs(extra_paths: Sequence[Path] = ()) -> dict[str, OpSpec]:
+    """Every discoverable spec by op name; an op defined twice is an error naming both files."""
+    specs: dict[str, OpSpec] = {}
+    errors: list[ConfigError] = []
+    seen_files: set[Path] = set()
+    for path, root in discover(extra_paths):
+        if path.resolve() in seen_files:
+            continue  # the same folder given twice (or ops/ given as --ops-path)
+        seen_files.add(path.resolve())
+        try:
+            spec = load_spec(path, root)
+        except ConfigError as exc:
+            errors.extend(getattr(exc, "errors", [exc]))
+            continue
+        if spec.op in specs:
+            first = specs[spec.op]
+            errors.append(
+                ConfigError(
+                    f"op {spec.op!r} is defined twice: {first.path} and {path}",
+                    _op_line(path),
+                    f"first defined at {_op_line(first.path)}; rename one or drop an --ops-path",
+                )
+            )
+            continue
+        specs[spec.op] = spec
+    if errors:
+        raise ConfigErrors(errors)
+    return specs
+
+
+def _op_line(path: Path) -> Location:
+    tree = load_yaml(path)
+    key = tree.key("op") if isinstance(tree, YMap) else None
+    return key.where if key is not None else Location(str(path), 1)

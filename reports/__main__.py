@@ -1,0 +1,126 @@
+"""``python -m reports {publish,diff,alert}``: the reporting stage's command line.
+
+Every deliberate failure is an :class:`~matrix.errors.OpgateError` with its own
+exit code (merge conflict 5, missing shard 6, bad input 7, alert not delivered
+8, regressions with ``--fail-on-regression`` 1), printed as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from matrix.errors import CellsFailed, OpgateError, UsageError
+from reports import compat, diff_md
+from reports import diff as diff_mod
+from reports.alerts.registry import PLATFORMS
+from reports.alerts.send import send
+from reports.alerts.transport import RetryPolicy
+from reports.perf import PerfRule
+from reports.publish import publish
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("publish", help="merge results and write compat.json, compat.md, index.html")
+    p.add_argument(
+        "--in",
+        dest="inputs",
+        action="append",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="a run or shard folder holding results.json (repeatable)",
+    )
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument(
+        "--manifest", type=Path, help="plan manifest: refuse to publish if a planned shard is missing"
+    )
+    p.add_argument("--history", type=Path, help="the previous compat.json, to carry perf history forward")
+
+    d = sub.add_parser("diff", help="what changed between two compat.json files")
+    d.add_argument("--base", type=Path, required=True)
+    d.add_argument("--head", type=Path, required=True)
+    d.add_argument("--format", choices=("md", "json"), default="md")
+    d.add_argument("--out", type=Path, help="write here instead of stdout")
+    d.add_argument("--report-url", default="", help="link to the full report, shown in the Markdown")
+    d.add_argument("--fail-on-regression", action="store_true", help="exit 1 on new failures/fallbacks/perf")
+    d.add_argument("--max-bytes", type=int, default=diff_md.DEFAULT_BUDGET, help="Markdown size budget")
+    d.add_argument("--alpha", type=float, default=PerfRule.alpha, help="perf rule: significance level")
+    d.add_argument(
+        "--min-effect",
+        type=float,
+        default=PerfRule.min_effect,
+        help="perf rule: minimum relative slowdown of the median (0.05 = 5%%)",
+    )
+
+    a = sub.add_parser("alert", help="send a JSON diff's regressions to a chat platform")
+    a.add_argument("--diff", type=Path, required=True, help="output of `diff --format json`")
+    a.add_argument("--platform", choices=sorted(PLATFORMS), required=True)
+    a.add_argument("--run-id", help="dedup key part (default: $GITHUB_RUN_ID)")
+    a.add_argument("--report-url", default="", help="link to the full report")
+    a.add_argument("--state", type=Path, help="JSON file remembering what was already sent")
+    a.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP attempt")
+    a.add_argument("--attempts", type=int, default=4, help="HTTP attempts (>= 1)")
+    a.add_argument("--backoff", type=float, default=1.0, help="first retry delay, doubled each time")
+    a.add_argument("--max-wait", type=float, default=30.0, help="cap on any one delay, Retry-After included")
+    return parser
+
+
+def _publish(args: argparse.Namespace) -> int:
+    publish(args.inputs, args.out, manifest=args.manifest, history=args.history, stream=sys.stdout)
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    rule = PerfRule(alpha=args.alpha, min_effect=args.min_effect)
+    result = diff_mod.compute(
+        compat.load(args.base), compat.load(args.head), str(args.base), str(args.head), rule
+    )
+    if args.format == "json":
+        text = diff_mod.dumps(result)
+    else:
+        text = diff_md.render(result.to_json(), args.report_url, args.max_bytes)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    if args.fail_on_regression and result.regression_count:
+        raise CellsFailed(f"{result.regression_count} regression(s) between {args.base} and {args.head}")
+    return 0
+
+
+def _alert(args: argparse.Namespace) -> int:
+    if args.attempts < 1 or args.timeout <= 0:
+        raise UsageError("--attempts must be >= 1 and --timeout > 0")
+    policy = RetryPolicy(args.timeout, args.attempts, args.backoff, args.max_wait)
+    send(
+        diff_mod.load(args.diff),
+        args.platform,
+        os.environ,
+        run_id=args.run_id,
+        report_url=args.report_url,
+        state_path=args.state,
+        policy=policy,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"publish": _publish, "diff": _diff, "alert": _alert}[args.command]
+    try:
+        return handler(args)
+    except OpgateError as err:
+        sys.stderr.write(f"opgate {args.command}: {type(err).__name__}: {err}\n")
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The platforms ``python -m reports alert --platform`` knows, by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from reports.alerts import dingtalk, discord, feishu, slack, teams, webhook, wecom
+from reports.alerts.message import Alert
+from reports.alerts.transport import Response, Verdict
+
+
+@dataclass(frozen=True)
+class Platform:
+    """One chat platform: where its URL/secret live, how to build and judge a post."""
+
+    name: str
+    url_env: str
+    secret_env: str | None
+    build: Callable[[Alert, str, str | None, float], tuple[str, Any]]
+    check: Callable[[Response], Verdict]
+    confirms_delivery: bool = True
+
+    @classmethod
+    def of(cls, name: str, module: ModuleType) -> Platform:
+        confirms = bool(getattr(module, "CONFIRMS_DELIVERY", True))
+        return cls(name, module.URL_ENV, module.SECRET_ENV, module.build, module.check, confirms)
+
+
+PLATFORMS: dict[str, Platform] = {
+    name: Platform.of(name, module)
+    for name, module in (
+        ("slack", slack),
+        ("feishu", feishu),
+        ("dingtalk", dingtalk),
+        ("wecom", wecom),
+        ("teams", teams),
+        ("discord", discord),
+        ("webhook", webhook),
+    )
+}

@@ -1,0 +1,142 @@
+"""compat.json: the published matrix, the one file every later tool reads.
+
+Diffs, alerts, the dashboard and the next publish's history all start from a
+compat.json, possibly one published weeks ago by an older opgate.  So the file
+is versioned (``schema_version``) and checked against a published JSON Schema
+(``reports/schema/compat.schema.json``, whose ``$id`` carries the version) both
+when written and when read: a bad file fails loudly with the JSON path of the
+problem instead of rendering a wrong table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from matrix.errors import ResultsFormatError
+from reports.merge import Entry, Merged
+from reports.perf import HISTORY_LIMIT, SAMPLES_KEPT, series_from_results, with_history
+from validators.result import CellResult
+
+COMPAT_SCHEMA_VERSION = 1
+SCHEMA_DIR = Path(__file__).parent / "schema"
+COMPAT_SCHEMA_FILE = SCHEMA_DIR / "compat.schema.json"
+
+
+@cache
+def load_schema(path: Path = COMPAT_SCHEMA_FILE) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def validate_document(doc: Mapping[str, Any], where: str, schema_file: Path = COMPAT_SCHEMA_FILE) -> None:
+    """Raise :class:`ResultsFormatError` naming the JSON path of the first schema violation."""
+    schema = load_schema(schema_file)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        location = "/".join(str(p) for p in first.absolute_path) or "(top level)"
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ResultsFormatError(
+            f"{where}: not a valid opgate document ({schema['$id']}): at {location}: {first.message}{more}"
+        )
+
+
+def now_utc() -> str:
+    """Publication time; honours SOURCE_DATE_EPOCH so rebuilt reports are byte-identical."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch else datetime.now(timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Compat:
+    """A compat document, parsed: the rows reports render, plus the raw JSON."""
+
+    generated_at: str
+    environments: dict[str, dict[str, Any]]
+    entries: list[Entry]
+    perf: dict[str, Any] = field(default_factory=dict)
+    sources: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": COMPAT_SCHEMA_VERSION,
+            "schema": load_schema()["$id"],
+            "generated_at": self.generated_at,
+            "sources": self.sources,
+            "environments": self.environments,
+            "cells": [{**e.result.to_json(), "env_key": e.env_key} for e in self.entries],
+            "perf": self.perf,
+        }
+
+
+def build(merged: Merged, history: Compat | None = None, generated_at: str | None = None) -> Compat:
+    """The compat document for a merge, with perf history carried over from ``history``."""
+    when = generated_at or now_utc()
+    new_series = series_from_results(
+        ((e.result, e.env_key, merged.environments.get(e.env_key, {})) for e in merged.entries), when
+    )
+    old_series = (history.perf.get("series") or []) if history else []
+    series = with_history(new_series, old_series)
+    perf = {"history_limit": HISTORY_LIMIT, "samples_kept": SAMPLES_KEPT, "series": series}
+    environments = dict(history.environments) if history else {}
+    # Only environments that still have cells or perf series stay in the document.
+    used = {e.env_key for e in merged.entries} | {str(s["env_key"]) for s in series}
+    environments = {k: v for k, v in environments.items() if k in used}
+    environments.update(merged.environments)
+    return Compat(
+        generated_at=when,
+        environments=dict(sorted(environments.items())),
+        entries=list(merged.entries),
+        perf=perf,
+        sources=[asdict(s) for s in merged.sources],
+    )
+
+
+def from_document(doc: Mapping[str, Any], where: str) -> Compat:
+    """Parse a compat document after validating it against the schema."""
+    validate_document(doc, where)
+    entries = []
+    for record in doc["cells"]:
+        result = CellResult.from_json(record)
+        entries.append(Entry(result, str(record["env_key"]), where))
+    return Compat(
+        generated_at=str(doc["generated_at"]),
+        environments={k: dict(v) for k, v in doc["environments"].items()},
+        entries=entries,
+        perf=dict(doc.get("perf") or {}),
+        sources=list(doc.get("sources") or []),
+    )
+
+
+def load(path: Path) -> Compat:
+    """Read and validate ``compat.json``."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ResultsFormatError(f"{path}: cannot read compat file: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ResultsFormatError(f"{path}: compat file must hold a JSON object")
+    version = doc.get("schema_version")
+    if version != COMPAT_SCHEMA_VERSION:
+        raise ResultsFormatError(
+            f"{path}: compat schema_version {version!r}, this opgate reads {COMPAT_SCHEMA_VERSION}"
+        )
+    return from_document(doc, str(path))
+
+
+def dumps(compat: Compat) -> str:
+    """Validated JSON text of a compat document (validation on write, not only on read)."""
+    doc = compat.to_json()
+    validate_document(doc, "compat.json (being written)")
+    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"

@@ -1,0 +1,127 @@
+"""Merge results from many runs or shards into one set of (cell, environment) verdicts.
+
+Shards of one workflow run land on different machines and come back as
+separate ``results.json`` files.  Merging is where silent data loss would
+happen, so it refuses rather than guesses:
+
+* the same cell in the same environment with two different verdicts is a
+  :class:`~matrix.errors.MergeConflict` (naming the cell, both verdicts and
+  both files) — one of the two runs is wrong and a person must say which;
+* identical duplicates (a shard downloaded twice) are dropped;
+* with a plan manifest, a planned shard whose cells are absent is a
+  :class:`~matrix.errors.MissingShard`: a table without those cells would read
+  as "fewer cells", not "shard lost".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matrix.errors import MergeConflict, MissingShard, ResultsFormatError
+from matrix.plan import load_manifest
+from reports.envs import env_key
+from validators.result import CellResult, RunResults
+
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One verdict: a cell result, the environment it holds for, and the file it came from."""
+
+    result: CellResult
+    env_key: str
+    source: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.result.id, self.env_key)
+
+
+@dataclass
+class SourceInfo:
+    """Where a merged run came from (kept in compat.json for provenance)."""
+
+    path: str
+    shard: str
+    started_at: str
+    finished_at: str
+    cells: int
+
+
+@dataclass
+class Merged:
+    """Deduplicated verdicts plus every environment fingerprint seen."""
+
+    entries: list[Entry] = field(default_factory=list)
+    environments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sources: list[SourceInfo] = field(default_factory=list)
+
+
+def results_path(directory: Path) -> Path:
+    """``DIR/results.json``; a file path is accepted as is (handy for single files)."""
+    return directory if directory.is_file() else directory / RESULTS_FILE
+
+
+def read_runs(directories: Sequence[Path]) -> list[tuple[Path, RunResults]]:
+    """Read every ``DIR/results.json``; a missing file is an error naming the folder."""
+    runs = []
+    for directory in directories:
+        path = results_path(directory)
+        if not path.exists():
+            raise ResultsFormatError(f"{path}: no results file (did the run write to {directory}?)")
+        runs.append((path, RunResults.read(path)))
+    return runs
+
+
+def merge(runs: Iterable[tuple[Path, RunResults]]) -> Merged:
+    """Merge runs; raise :class:`MergeConflict` on disagreeing verdicts."""
+    merged = Merged()
+    seen: dict[tuple[str, str], Entry] = {}
+    for path, run in runs:
+        merged.sources.append(
+            SourceInfo(str(path), run.shard, run.started_at, run.finished_at, len(run.cells))
+        )
+        for result in run.cells:
+            fingerprint = result.env or run.env
+            key = env_key(fingerprint)
+            merged.environments.setdefault(key, dict(fingerprint))
+            entry = Entry(result, key, str(path))
+            previous = seen.get(entry.key)
+            if previous is None:
+                seen[entry.key] = entry
+                merged.entries.append(entry)
+            elif previous.result.verdict is not result.verdict:
+                raise MergeConflict(
+                    f"cell {result.id} in environment {key} has two verdicts: "
+                    f"{previous.result.verdict.value} in {previous.source} and "
+                    f"{result.verdict.value} in {path}; re-run that cell or drop one of the files"
+                )
+    merged.entries.sort(key=lambda e: e.key)
+    return merged
+
+
+def check_manifest(merged: Merged, manifest_path: Path) -> None:
+    """Raise :class:`MissingShard` unless every planned cell has at least one result.
+
+    Checked by cell id, not by shard name: a shard that wrote half its results
+    loses cells just as surely as one that never ran.
+    """
+    manifest = load_manifest(manifest_path)
+    present = {e.result.id for e in merged.entries}
+    problems = []
+    for name in manifest.incomplete_shards(present):
+        planned = manifest.shards[name]
+        missing = [c for c in planned if c not in present]
+        state = "did not report" if len(missing) == len(planned) else "is incomplete"
+        problems.append(
+            f"shard {name} {state}: {len(missing)} of {len(planned)} planned cells "
+            f"missing (first: {missing[0]})"
+        )
+    if problems:
+        raise MissingShard(
+            f"{manifest_path}: refusing to publish; " + "; ".join(problems) + " (re-run the missing shard)"
+        )

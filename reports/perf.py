@@ -1,0 +1,266 @@
+"""Perf figures: read them from cell results, keep their history, judge regressions.
+
+Where the figures come from.  A GPU cell's ``perf`` check (validators/perf)
+records, in ``details``::
+
+    {"points": [{"shape": [32768, 8192],          # or "32768x8192"
+                 "median_us": 267.0, "iqr_us": 3.1,
+                 "samples_us": [...],             # per-repetition times
+                 "gbps": 4021.0, "tflops": null,
+                 "roofline_pct": 94.1,            # of the ceiling measured in the same run
+                 "baseline": {"name": "aten", "median_us": 399.0, "gbps": 2690.0}}],
+     "ceilings": {"copy_gbps": 4274.0}}
+
+CPU cells record nothing (noise is not data), so a CPU-only run has no perf.
+
+History.  compat.json keeps one series per (environment, cell, shape): the
+environment key covers the GPU name and the fingerprint.  Each publish appends
+a run; old runs keep their medians, only the newest few keep raw samples so the
+file stays small.
+
+Regressions (issue 8: never one threshold on one run).  The head's newest run
+is compared with the base's newest runs (samples pooled across up to
+``base_runs`` runs, which folds run-to-run noise into the reference): a
+one-sided Mann-Whitney U test must reject "not slower" at ``alpha`` *and* the
+median must have moved by at least ``min_effect``.  Without samples on both
+sides nothing is judged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from statistics import median
+from typing import Any
+
+from reports.envs import gpu_name
+from validators.result import CellResult
+
+PERF_CHECK = "perf"
+HISTORY_LIMIT = 30
+SAMPLES_KEPT = 3
+
+
+def shape_label(shape: Any) -> str:
+    """``[32768, 8192]`` -> ``"32768x8192"``; a list of shapes joins with ``,``."""
+    if isinstance(shape, str):
+        return shape
+    if isinstance(shape, (list, tuple)):
+        if shape and all(isinstance(s, (list, tuple)) for s in shape):
+            return ",".join(shape_label(s) for s in shape)
+        return "x".join(str(int(d)) for d in shape)
+    return str(shape)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _run_record(point: Mapping[str, Any], run: str) -> dict[str, Any] | None:
+    """Normalise one perf point; ``None`` when it carries no usable time."""
+    med = _num(point.get("median_us"))
+    if med is None and (ms := _num(point.get("median_ms"))) is not None:
+        med = ms * 1000.0
+    samples = point.get("samples_us")
+    scale = 1.0
+    if samples is None and point.get("samples_ms") is not None:
+        samples, scale = point["samples_ms"], 1000.0
+    clean = [v * scale for v in (_num(s) for s in samples or []) if v is not None]
+    if med is None and clean:
+        med = median(clean)
+    if med is None:
+        return None
+    record: dict[str, Any] = {"run": run, "median_us": med}
+    for name in ("iqr_us", "gbps", "tflops", "roofline_pct"):
+        if (value := _num(point.get(name))) is not None:
+            record[name] = value
+    if clean:
+        record["samples_us"] = clean
+    baseline = point.get("baseline")
+    if isinstance(baseline, Mapping):
+        record["baseline"] = {k: v for k, v in baseline.items() if k == "name" or _num(v) is not None}
+    return record
+
+
+def series_from_results(
+    entries: Iterable[tuple[CellResult, str, Mapping[str, Any]]], run: str
+) -> list[dict[str, Any]]:
+    """Perf series (one run each) from (result, env_key, fingerprint) triples."""
+    out = []
+    for result, key, fingerprint in entries:
+        check = result.check(PERF_CHECK)
+        if check is None or not result.verdict.ran:
+            continue
+        points = check.details.get("points", check.details.get("shapes"))
+        for point in points if isinstance(points, list) else []:
+            if not isinstance(point, Mapping):
+                continue
+            record = _run_record(point, run)
+            if record is None:
+                continue
+            axes = result.cell.axes()
+            out.append(
+                {
+                    "cell": result.id,
+                    "env_key": key,
+                    "gpu": gpu_name(fingerprint),
+                    "op": axes["op"],
+                    "impl": axes["impl"],
+                    "dtype": axes["dtype"],
+                    "mode": axes["mode"],
+                    "shape": shape_label(point.get("shape", "?")),
+                    "runs": [record],
+                }
+            )
+    return out
+
+
+def series_key(series: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (str(series["env_key"]), str(series["cell"]), str(series["shape"]))
+
+
+def with_history(
+    new: Sequence[dict[str, Any]],
+    old: Sequence[Mapping[str, Any]],
+    limit: int = HISTORY_LIMIT,
+    samples_kept: int = SAMPLES_KEPT,
+) -> list[dict[str, Any]]:
+    """Append each new run to its old series; series not re-measured are carried over."""
+    merged: dict[tuple[str, str, str], dict[str, Any]] = {
+        series_key(s): {**s, "runs": [dict(r) for r in s.get("runs", [])]} for s in old
+    }
+    for series in new:
+        key = series_key(series)
+        if key in merged:
+            merged[key] = {**series, "runs": merged[key]["runs"] + list(series["runs"])}
+        else:
+            merged[key] = {**series, "runs": list(series["runs"])}
+    result = []
+    for key in sorted(merged):
+        series = merged[key]
+        runs = series["runs"][-limit:]
+        for run in runs[:-samples_kept] if samples_kept else runs:
+            run.pop("samples_us", None)
+        result.append({**series, "runs": runs})
+    return result
+
+
+# --------------------------------------------------------------------------- regression rule
+
+
+@dataclass(frozen=True)
+class PerfRule:
+    """The regression rule's parameters (recorded in every diff, so alerts are explainable)."""
+
+    alpha: float = 0.01
+    min_effect: float = 0.05
+    min_samples: int = 5
+    base_runs: int = SAMPLES_KEPT
+
+
+@dataclass(frozen=True)
+class PerfRegression:
+    cell: str
+    env_key: str
+    gpu: str
+    shape: str
+    base_median_us: float
+    head_median_us: float
+    change: float  # relative, +0.10 = 10% slower
+    p_value: float
+    n_base: int
+    n_head: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mann_whitney_greater(head: Sequence[float], base: Sequence[float]) -> float:
+    """One-sided p-value that ``head`` is stochastically greater (slower) than ``base``.
+
+    Normal approximation with tie correction and continuity correction; fine for
+    the >= 5 samples per side the rule requires (benchmarks give dozens).
+    """
+    n_h, n_b = len(head), len(base)
+    combined = sorted([(v, 0) for v in head] + [(v, 1) for v in base])
+    ranks = [0.0] * len(combined)
+    tie_term = 0.0
+    i = 0
+    while i < len(combined):
+        j = i
+        while j + 1 < len(combined) and combined[j + 1][0] == combined[i][0]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[k] = (i + j) / 2.0 + 1.0
+        tied = j - i + 1
+        tie_term += tied**3 - tied
+        i = j + 1
+    rank_sum_head = sum(r for r, (_, side) in zip(ranks, combined, strict=True) if side == 0)
+    u_head = rank_sum_head - n_h * (n_h + 1) / 2.0
+    n = n_h + n_b
+    variance = n_h * n_b / 12.0 * ((n + 1) - tie_term / (n * (n - 1)))
+    if variance <= 0:
+        return 1.0
+    z = (u_head - n_h * n_b / 2.0 - 0.5) / math.sqrt(variance)
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def _by_device(perf: Mapping[str, Any], environments: Mapping[str, Any]) -> dict[tuple[str, str, str], Any]:
+    """Series keyed by (cell, device, shape): a dependency bump changes the env key, not the GPU."""
+    out: dict[tuple[str, str, str], Any] = {}
+    for series in perf.get("series", []):
+        device = series.get("gpu") or gpu_name(environments.get(series["env_key"], {})) or "cpu"
+        out[(series["cell"], device, series["shape"])] = series
+    return out
+
+
+def perf_regressions(
+    base: Mapping[str, Any], head: Mapping[str, Any], rule: PerfRule | None = None
+) -> list[PerfRegression]:
+    """Regressions between two compat documents (see the module docstring for the rule)."""
+    rule = rule or PerfRule()
+    base_series = _by_device(base.get("perf") or {}, base.get("environments") or {})
+    head_series = _by_device(head.get("perf") or {}, head.get("environments") or {})
+    found = []
+    for key in sorted(set(base_series) & set(head_series)):
+        head_runs = head_series[key].get("runs") or []
+        base_runs = base_series[key].get("runs") or []
+        if not head_runs or not base_runs:
+            continue
+        newest = head_runs[-1]
+        # Head carries base's history but was not re-measured.  Compared by content: run labels
+        # are publish times, and two publishes can share a second.
+        if newest in base_runs:
+            continue
+        head_samples = list(newest.get("samples_us") or [])
+        base_samples = [s for r in base_runs[-rule.base_runs :] for s in r.get("samples_us") or []]
+        if min(len(head_samples), len(base_samples)) < rule.min_samples:
+            continue
+        base_med, head_med = median(base_samples), median(head_samples)
+        change = head_med / base_med - 1.0 if base_med > 0 else 0.0
+        if change < rule.min_effect:
+            continue
+        p_value = mann_whitney_greater(head_samples, base_samples)
+        if p_value < rule.alpha:
+            found.append(
+                PerfRegression(
+                    cell=key[0],
+                    env_key=str(head_series[key]["env_key"]),
+                    gpu=key[1],
+                    shape=key[2],
+                    base_median_us=base_med,
+                    head_median_us=head_med,
+                    change=change,
+                    p_value=p_value,
+                    n_base=len(base_samples),
+                    n_head=len(head_samples),
+                )
+            )
+    return found

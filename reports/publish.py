@@ -1,0 +1,67 @@
+"""``python -m reports publish``: merge runs and write compat.json, compat.md, index.html.
+
+All-or-nothing: every check (merge conflicts, missing shards, schema) runs and
+every file is rendered into a temporary folder *before* anything in OUT is
+touched, so a refused publish leaves the previously published matrix exactly
+as it was (the nightly page never shows half a run).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from reports import compat as compat_mod
+from reports import html, markdown
+from reports.merge import check_manifest, merge, read_runs
+from reports.view import terminal_summary
+
+OUTPUT_FILES = ("compat.json", "compat.md", "index.html")
+
+
+def render_all(doc: compat_mod.Compat) -> dict[str, str]:
+    """Every published file's text (compat.json validated against its schema on the way)."""
+    return {
+        "compat.json": compat_mod.dumps(doc),
+        "compat.md": markdown.render(doc),
+        "index.html": html.render(doc),
+    }
+
+
+def _install(files: dict[str, str], out: Path) -> None:
+    """Write into a temp folder next to OUT, then move each file in with an atomic rename."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        if not out.exists():
+            tmp.rename(out)
+            return
+        for name in files:
+            (tmp / name).replace(out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish(
+    inputs: Sequence[Path],
+    out: Path,
+    manifest: Path | None = None,
+    history: Path | None = None,
+    stream: TextIO | None = None,
+) -> compat_mod.Compat:
+    """Merge ``inputs`` and publish to ``out``; raises before writing anything on any problem."""
+    merged = merge(read_runs(inputs))
+    if manifest is not None:
+        check_manifest(merged, manifest)
+    previous = compat_mod.load(history) if history is not None else None
+    doc = compat_mod.build(merged, previous)
+    _install(render_all(doc), out)
+    if stream is not None:
+        stream.write(terminal_summary(doc.entries, doc.environments) + "\n")
+        stream.write(f"published {', '.join(str(out / n) for n in OUTPUT_FILES)}\n")
+    return doc

@@ -1,0 +1,159 @@
+"""The table model every renderer shares: buckets, columns, one-line reasons.
+
+Markdown, HTML, the terminal summary and the diff must agree on what counts as
+"fail" and what a column is called, so those decisions live here once.
+
+Columns are release-table environments (torch major.minor / CUDA / arch).  A
+GPU column says which evidence it holds: runtime cells that ran on a device of
+that capability ("ran on that GPU": the GPU name is in the label), or only
+``build`` cells ("binary only": the binary holds code for the arch, checked
+with cuobjdump on a machine without such a GPU).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reports.envs import capability, column_of, column_sort_key, gpu_name, short_gpu_name
+from reports.merge import Entry
+from validators.result import CellResult, Verdict
+
+BUCKETS: tuple[str, ...] = ("pass", "fallback", "fail", "untested", "unsupported")
+ICONS = {"pass": "✅", "fallback": "⚠️", "fail": "❌", "untested": "–", "unsupported": "🚫"}
+#: Glyphs for the dashboard: present in common text fonts, so a machine without an emoji
+#: font (a CI container, a headless browser) still shows them.
+GLYPHS = {"pass": "✓", "fallback": "⚠", "fail": "✗", "untested": "–", "unsupported": "⊘"}
+_BUCKET_OF = {
+    Verdict.PASS: "pass",
+    Verdict.FALLBACK: "fallback",
+    Verdict.FAIL: "fail",
+    Verdict.ERROR: "fail",
+    Verdict.FLAKY: "fail",
+    Verdict.SKIP: "untested",
+    Verdict.UNSUPPORTED: "unsupported",
+}
+#: Worst first: which verdict a cell shows when several environments report it.
+SEVERITY: tuple[Verdict, ...] = (
+    Verdict.ERROR,
+    Verdict.FAIL,
+    Verdict.FLAKY,
+    Verdict.FALLBACK,
+    Verdict.UNSUPPORTED,
+    Verdict.PASS,
+    Verdict.SKIP,
+)
+BUILD_MODE = "build"
+REASON_MAX = 200
+
+
+def bucket(verdict: Verdict) -> str:
+    return _BUCKET_OF[verdict]
+
+
+def one_line_reason(result: CellResult, limit: int = REASON_MAX) -> str:
+    """Why a cell is not ``pass``, in one line: its reason, else its worst check's summary."""
+    text = result.reason
+    if not text:
+        for verdict in SEVERITY:
+            check = next((c for c in result.checks if c.status is verdict and c.summary), None)
+            if check is not None and verdict is not Verdict.PASS:
+                text = f"{check.name}: {check.summary}"
+                break
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def worst(entries: Iterable[Entry]) -> Entry:
+    """The entry a slot shows when several environments report the same cell."""
+    return min(entries, key=lambda e: SEVERITY.index(e.result.verdict))
+
+
+@dataclass
+class Column:
+    """One release-table column and the evidence behind it."""
+
+    name: str
+    gpus: set[str] = field(default_factory=set)  # devices that ran runtime cells of this arch
+    binary: bool = False  # a build cell produced a verdict
+    cpu: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.cpu:
+            return self.name
+        if self.gpus:
+            return f"{self.name} ({', '.join(sorted(self.gpus))})"
+        if self.binary:
+            return f"{self.name} (binary only)"
+        return f"{self.name} (not run)"
+
+
+def columns(entries: Iterable[Entry], environments: Mapping[str, Mapping[str, Any]]) -> dict[str, Column]:
+    """Columns in display order, each knowing whether a GPU ran it or only its binary was checked."""
+    found: dict[str, Column] = {}
+    for entry in entries:
+        cell = entry.result.cell
+        column = found.setdefault(column_of(cell), Column(column_of(cell), cpu=cell.arch == "cpu"))
+        if not entry.result.verdict.ran:
+            continue
+        if cell.mode == BUILD_MODE:
+            column.binary = True
+            continue
+        fingerprint = environments.get(entry.env_key, {})
+        if cell.arch != "cpu" and capability(fingerprint) == cell.arch:
+            column.gpus.add(short_gpu_name(gpu_name(fingerprint)) or cell.arch)
+    return {name: found[name] for name in sorted(found, key=column_sort_key)}
+
+
+def row_of(result: CellResult) -> str:
+    return f"{result.cell.op}/{result.cell.impl}"
+
+
+def resolved(entries: Iterable[Entry]) -> dict[str, Entry]:
+    """One entry per cell id (worst across environments), for counting."""
+    groups: dict[str, list[Entry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.result.id, []).append(entry)
+    return {cell_id: worst(group) for cell_id, group in sorted(groups.items())}
+
+
+def counts(entries: Iterable[Entry]) -> Counter[str]:
+    return Counter(bucket(e.result.verdict) for e in entries)
+
+
+def format_counts(
+    counter: Counter[str], sep: str = " · ", compact: bool = False, icons: Mapping[str, str] = ICONS
+) -> str:
+    """ "✅ 42 · ⚠️ 2 · ❌ 1 · – 3" (+ "🚫 n" only when declared-unsupported cells exist).
+
+    ``compact`` drops zero counts (per-op tables, where most slots hold one bucket).
+    """
+    if not counter:
+        return ""
+    shown = [b for b in BUCKETS if counter[b] or (not compact and b != "unsupported")]
+    return sep.join(f"{icons[b]} {counter[b]}" for b in shown)
+
+
+def terminal_summary(entries: Iterable[Entry], environments: Mapping[str, Mapping[str, Any]]) -> str:
+    """Counts per verdict per environment, as a plain-text table for the CI log."""
+    by_env: dict[str, Counter[str]] = {}
+    for entry in entries:
+        by_env.setdefault(entry.env_key, Counter())[entry.result.verdict.value] += 1
+    verdicts = [v.value for v in Verdict]
+    width = max([len("environment"), *(len(k) for k in by_env)])
+    lines = ["  ".join([f"{'environment':<{width}}", *(f"{v:>11}" for v in verdicts), f"{'total':>7}"])]
+    total: Counter[str] = Counter()
+    for key in sorted(by_env):
+        counter = by_env[key]
+        total.update(counter)
+        row = [f"{key:<{width}}", *(f"{counter[v]:>11}" for v in verdicts), f"{sum(counter.values()):>7}"]
+        lines.append("  ".join(row))
+        gpu = gpu_name(environments.get(key, {}))
+        if gpu:
+            lines.append(f"  ({gpu}, {capability(environments.get(key, {}))})")
+    row = [f"{'all':<{width}}", *(f"{total[v]:>11}" for v in verdicts), f"{sum(total.values()):>7}"]
+    lines.append("  ".join(row))
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+// fixture source: only its presence is checked by the spec loader

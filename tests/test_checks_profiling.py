@@ -1,0 +1,131 @@
+"""Profiler evidence: trace parsing, copy classification, and a broken profiler never passing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.zoo.harness import make_cell, run, specs
+from validators.checks import evidence
+from validators.checks.artifacts import Artifact
+from validators.checks.cell import fresh_compiler_state, poisoned_allocations
+from validators.checks.context import build_context
+from validators.profiling import Event, Trace, match, parse_chrome_trace, profile_call
+from validators.result import Verdict
+
+
+def op_event(name: str, types: list[str], dims: list[Any], ext: int | None = None) -> dict[str, Any]:
+    args: dict[str, Any] = {"Input type": types, "Input Dims": dims}
+    if ext is not None:
+        args["External id"] = ext
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": 0, "dur": 1, "args": args}
+
+
+def write_trace(tmp_path: Path, events: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_parse_splits_host_events_and_kernels_and_lists_copies(tmp_path: Path) -> None:
+    events = [
+        op_event("my::op", ["c10::BFloat16"], [[4, 8]], ext=1),
+        op_event("aten::copy_", ["c10::BFloat16", "c10::BFloat16", "Scalar"], [[4, 8], [4, 8], []], ext=2),
+        op_event("aten::copy_", ["float", "c10::BFloat16", "Scalar"], [[4, 8], [4, 8], []], ext=3),  # a cast
+        op_event("aten::copy_", ["unsigned char", "unsigned char", "Scalar"], [[64], [64], []]),  # storage
+        {"ph": "X", "cat": "user_annotation", "name": "graph_0_cpp_fused_clone_0", "args": {}},
+        {"ph": "X", "cat": "kernel", "name": "_my_kernel", "args": {"External id": 1}},
+        {"ph": "X", "cat": "kernel", "name": "elementwise_kernel<direct_copy>", "args": {"External id": 2}},
+        {"ph": "i", "cat": "cpu_op", "name": "instant, ignored"},
+        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)"},
+    ]
+    trace = parse_chrome_trace(write_trace(tmp_path, events))
+    assert trace.names("cpu") == ["my::op", "aten::copy_", "graph_0_cpp_fused_clone_0"]
+    assert trace.names("cuda") == ["_my_kernel", "elementwise_kernel<direct_copy>"]
+    assert trace.copies() == [
+        "aten::copy_ c10::BFloat16[4, 8] <- c10::BFloat16[4, 8] [elementwise_kernel<direct_copy>]",
+        "graph_0_cpp_fused_clone_0",
+    ]
+
+
+def test_empty_trace_is_empty() -> None:
+    assert Trace().empty
+    assert not Trace(host=[Event("x", "cpu_op")]).empty
+
+
+def test_match_is_case_sensitive_glob_with_alternatives() -> None:
+    names = ["opgate::rms_norm", "aten::mm", "aten::addmm"]
+    assert match(names, ["opgate::*", "ATEN::*", "aten::bmm|aten::*add*"]) == {
+        "opgate::*": ["opgate::rms_norm"],
+        "ATEN::*": [],
+        "aten::bmm|aten::*add*": ["aten::addmm"],
+    }
+
+
+def test_real_profile_counts_a_contiguous_copy_but_not_a_cast(tmp_path: Path) -> None:
+    x = torch.randn(64, 32, dtype=torch.bfloat16).t()
+    copy_trace, _ = profile_call(x.contiguous, "cpu", tmp_path / "copy.json")
+    assert len(copy_trace.copies()) == 1
+    assert "aten::contiguous" in copy_trace.names("cpu")
+    cast_trace, _ = profile_call(x.float, "cpu", tmp_path / "cast.json")
+    assert cast_trace.copies() == []
+    assert (tmp_path / "cast.json").is_file()
+
+
+def _context(tmp_path: Path, op: str = "zoo_good", layout: str = "contiguous", device: str = "cpu") -> Any:
+    spec = specs()[op]
+    ctx = build_context(make_cell(op, "fp32", layout, "eager"), spec, "cpu", 7, tmp_path)
+    if device != "cpu":  # pretend: inputs stay on CPU, the evidence rules of `device` apply
+        on_cpu = ctx.sample_fn
+        ctx = dataclasses.replace(ctx, device=device, sample_fn=lambda s, d, _dev, g: on_cpu(s, d, "cpu", g))
+    ctx.artifact = Artifact(ctx.op)
+    return ctx
+
+
+def test_triton_interpreter_storage_copies_are_not_hidden_copies(tmp_path: Path) -> None:
+    ctx = _context(tmp_path)
+    sample = ctx.inputs()[0]
+    ctx.op(*sample.args, **sample.kwargs)
+    trace, _ = profile_call(lambda: ctx.op(*sample.args, **sample.kwargs), "cpu", tmp_path / "t.json")
+    assert "zoo::good_rms_norm" in trace.names("cpu")
+    assert "aten::copy_" in trace.names("cpu")  # the interpreter moves arguments through byte storages
+    assert trace.copies() == []
+
+
+def test_profiler_with_no_events_is_an_error_never_a_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(evidence, "profile_call", lambda fn, kind, path: (Trace(path=path), fn()))
+    with fresh_compiler_state(cpu=True), poisoned_allocations():
+        result = evidence.run(_context(tmp_path))
+    assert result.status is Verdict.ERROR
+    assert result.summary == "profiler recorded no events"
+
+
+def test_cuda_trace_without_kernels_is_an_error_unless_the_input_is_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host_only = [Event("zoo::good_rms_norm", "cpu_op")]
+    monkeypatch.setattr(
+        evidence, "profile_call", lambda fn, kind, path: (Trace(host=list(host_only), path=path), fn())
+    )
+    with fresh_compiler_state(cpu=True), poisoned_allocations():
+        broken = evidence.run(_context(tmp_path, device="cuda:0"))
+        empty = evidence.run(_context(tmp_path, layout="zero_size", device="cuda:0"))
+    assert broken.status is Verdict.ERROR
+    assert "no GPU kernel" in broken.summary
+    assert empty.status is Verdict.PASS  # nothing to launch for an empty batch; forbid still checked
+    assert empty.details["empty_input"] is True
+
+
+def test_evidence_names_the_kernels_in_the_outcome(tmp_path: Path) -> None:
+    verdict, outcome = run(make_cell("zoo_good", "fp16", "contiguous", "eager"), tmp_path)
+    assert verdict is Verdict.PASS
+    assert "zoo::good_rms_norm" in outcome.kernels
+    ev = next(c for c in outcome.checks if c.name == "evidence")
+    assert Path(ev.details["trace"]).is_file()

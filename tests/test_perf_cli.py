@@ -1,0 +1,135 @@
+"""``python -m validators.perf``: argument handling, the bench plan, the study's bookkeeping (CPU)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ops.spec import load_specs
+from validators.perf.__main__ import main
+from validators.perf.bench import BENCH_SHAPES_2D, Case, plan, verdict
+from validators.perf.study import Session, StudyConfig, evaluate, meets_bar
+from validators.perf.study import plan as study_plan
+
+
+def test_bench_plan_for_row_wise_ops():
+    cases = plan(load_specs(), ["rms_norm"])
+    labels = [c.label for c in cases]
+    assert len(cases) == 2 * (len(BENCH_SHAPES_2D) + 2)  # bf16 everywhere, fp16/fp32 at the largest
+    assert "rms_norm 32768x8192 fp32 backward" in labels
+    assert "rms_norm 8x4096 fp16 forward" not in labels
+    assert cases[0] == Case("rms_norm", (8, 4096), "bf16", "forward")
+
+
+def test_bench_plan_uses_spec_shapes_for_other_ranks_and_honours_filters():
+    specs = load_specs()
+    rope = plan(specs, ["rope"], directions=["forward"])
+    assert {c.shape for c in rope} == {tuple(s) for s in specs["rope"].shapes["large"]}
+    only = plan(specs, ["silu_mul"], shapes=[(4096, 4096)], dtypes=["fp16"], directions=["backward"])
+    assert only == [Case("silu_mul", (4096, 4096), "fp16", "backward")]
+    assert {c.op for c in plan(specs)} >= {"rms_norm", "silu_mul"}
+    assert "matmul" not in {c.op for c in plan(specs)}  # library-backed: not a first-party op
+
+
+def test_bench_plan_rejects_unknown_ops_and_directions():
+    with pytest.raises(ValueError, match="not a first-party op: nope"):
+        plan(load_specs(), ["nope"])
+    with pytest.raises(ValueError, match="first-party"):
+        plan(load_specs(), ["matmul"])
+    with pytest.raises(ValueError, match="sideways"):
+        plan(load_specs(), ["rms_norm"], directions=["sideways"])
+
+
+def test_bench_verdict_against_the_best_peer():
+    results = {"aten": {"median_us": 20.0}, "liger": {"median_us": 10.0}, "opgate-triton": {"median_us": 8.0},
+               "opgate-cuda": {"median_us": 12.5}}  # fmt: skip
+    assert verdict(results) == {"best_peer": "liger", "speedup": {"opgate-triton": 1.25, "opgate-cuda": 0.8}}
+    assert verdict({"opgate-triton": {"median_us": 1.0}}) == {"best_peer": None, "speedup": {}}
+
+
+def test_dry_run_prints_the_plan(capsys, tmp_path):
+    assert (
+        main(["bench", "--ops", "rms_norm", "--shape", "4096x4096", "--dry-run", "--out", str(tmp_path)]) == 0
+    )
+    out = capsys.readouterr().out.split("\n")
+    assert "rms_norm 4096x4096 bf16 forward" in out
+    assert "rms_norm 4096x4096 fp32 backward" in out  # the only shape is the largest
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "--ops", "nope", "--dry-run", "--out", "x"], "not a first-party op"),
+        (["bench", "--shape", "4096xA", "--out", "x"], "integers joined by x"),
+        (["bench", "--shape", "0x5", "--out", "x"], "positive"),
+        (["study", "--slowdown", "1.5", "--out", "x"], "between 0 and 1"),
+        (["study", "--runs", "0", "--out", "x"], ">= 1"),
+        (["block", "--heads", "3", "--out", "x"], "heads"),
+        (["bench", "--dry-run"], "--out"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["bench", "study", "block"])
+def test_gpu_commands_stop_clearly_on_cpu(capsys, tmp_path, command):
+    assert main([command, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA device" in err
+    assert f"validators.perf {command}" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_study_plan_seeds_history_then_alternates():
+    order = study_plan(StudyConfig(runs=3, history_runs=2))
+    assert order == [("history", 0), ("history", 1), ("aa", 0), ("planted", 0), ("aa", 1), ("planted", 1),
+                     ("aa", 2), ("planted", 2)]  # fmt: skip
+    with pytest.raises(ValueError, match="runs"):
+        StudyConfig(runs=0)
+
+
+def _session(kind: str, index: int, rng: random.Random, level: float) -> Session:
+    drift = level * (1 + rng.uniform(-0.01, 0.01))
+    return Session(kind, index, [drift * rng.lognormvariate(0, 0.02) for _ in range(55)])
+
+
+def test_study_evaluation_on_synthetic_sessions():
+    rng = random.Random(5)
+    config = StudyConfig(runs=20, history_runs=3)
+    sessions = [_session(k, i, rng, 77.0 if k == "planted" else 70.0) for k, i in study_plan(config)]
+    result = evaluate(sessions, config)
+    summary = result["summary"]
+    assert summary["aa_runs"] == summary["planted_runs"] == 20
+    assert summary["aa_alerts"] <= 1
+    assert summary["planted_caught"] >= 19
+    assert summary["meets_bar"]
+    # planted sessions never enter the history: the 20th A/A is judged against unchanged runs only
+    assert all(v["ratio"] < 1.05 for v in result["verdicts"] if v["kind"] == "aa")
+
+
+def test_study_without_a_real_slowdown_fails_the_bar():
+    rng = random.Random(6)
+    config = StudyConfig(runs=20, history_runs=3)
+    sessions = [_session(k, i, rng, 70.0) for k, i in study_plan(config)]  # "planted" = no change
+    summary = evaluate(sessions, config)["summary"]
+    assert summary["planted_caught"] <= 1
+    assert not summary["meets_bar"]
+    assert meets_bar({"aa_alerts": 1, "aa_runs": 20, "planted_caught": 19, "planted_runs": 20})
+    assert not meets_bar({"aa_alerts": 2, "aa_runs": 20, "planted_caught": 20, "planted_runs": 20})
+
+
+def test_op_bench_labels_become_column_names():
+    from validators.perf.peers import drop_duplicates, peer_name
+
+    assert peer_name("aten F.rms_norm") == "aten"
+    assert peer_name("aten F.layer_norm (+F.gelu)") == "aten"
+    assert peer_name("liger (+F.gelu)") == "liger"
+    assert peer_name("opgate triton, compiled") == "opgate-triton-compiled"
+    assert peer_name("compile(reference)") == "compile(reference)"
+    assert peer_name("eager reference") == "eager-reference"
+    own = {"opgate-triton": print}
+    assert drop_duplicates({"opgate-triton": len, "aten": abs}, own) == {"aten": abs}

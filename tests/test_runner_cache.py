@@ -1,0 +1,132 @@
+"""Verdict cache: unchanged cells are served, a changed op re-runs, ``--no-cache`` re-runs all."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from matrix.cell import Cell
+from validators.cache import VerdictCache, environment_identity
+from validators.result import CellResult, RunResults, Verdict
+from validators.runner import Runner, RunOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).parent / "fixtures_runner"
+
+
+class Spec:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.implementations: dict[str, Any] = {}
+
+
+def make_ops(tmp: Path) -> Path:
+    ops = tmp / "ops"
+    shutil.copytree(FIXTURES, ops, ignore=shutil.ignore_patterns("__pycache__"))
+    return ops
+
+
+def test_key_follows_op_sources_overrides_and_environment(tmp_path: Path) -> None:
+    ops = make_ops(tmp_path)
+    spec = Spec(ops / "fx_segv" / "spec.yaml")
+    env = environment_identity([], {})
+    cell = Cell("fx_segv", "native", "2.13.0", "none", "cpu", "fp32", "contiguous", "eager")
+    cache = VerdictCache(tmp_path / "cache", env)
+    key = cache.key(cell, spec)
+    assert VerdictCache(tmp_path / "cache", env).key(cell, spec) == key  # stable
+    overridden = Cell(**cell.axes(), overrides=(("tolerance", {"k": 3.0}),))
+    assert cache.key(overridden, spec) != key
+    gpu_env = environment_identity([{"name": "NVIDIA H200", "capability": "9.0"}], {})
+    assert VerdictCache(tmp_path / "cache", gpu_env).key(cell, spec) != key
+    (ops / "fx_common.py").write_text((ops / "fx_common.py").read_text() + "\n# shared helper edited\n")
+    assert VerdictCache(tmp_path / "cache", env).key(cell, spec) != key
+    other_op = Spec(ops / "fx_hang" / "spec.yaml")
+    before = VerdictCache(tmp_path / "cache", env).key(cell, other_op)
+    (ops / "fx_segv" / "impl.py").write_text((ops / "fx_segv" / "impl.py").read_text() + "\n# edited\n")
+    assert VerdictCache(tmp_path / "cache", env).key(cell, other_op) == before  # another op's edit
+
+
+def test_only_settled_verdicts_are_stored(tmp_path: Path) -> None:
+    spec = Spec(make_ops(tmp_path) / "fx_segv" / "spec.yaml")
+    cache = VerdictCache(tmp_path / "cache", environment_identity([], {}))
+    for i, verdict in enumerate(Verdict):
+        cell = Cell("fx_segv", "native", "2.13.0", "none", "cpu", "fp32", "contiguous", "eager", f"s{i}")
+        cache.put(CellResult(cell, verdict, {"env_key": "k"}, seed=i), spec)
+        hit = cache.get(cell, spec)
+        stored = verdict in (Verdict.PASS, Verdict.FAIL, Verdict.FALLBACK, Verdict.UNSUPPORTED)
+        assert (hit is not None) == stored, verdict
+        if hit is not None:
+            assert (hit.id, hit.seed) == (cell.id, i)
+
+
+def opgate_run(ops: Path, out: Path, cache: Path, *extra: str) -> dict[str, Any]:
+    sel = ["--select", "fx_segv.native-*-cpu-fp32-*", "--select", "fx_flaky.native-*-cpu-fp32-*"]
+    base = [sys.executable, "-m", "validators", "run", "--config", str(ops / "matrix.yaml")]
+    proc = subprocess.run(
+        [*base, "--ops-path", str(ops), *sel, "--out", str(out), "--no-progress", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OPGATE_CACHE": str(cache)},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record: dict[str, Any] = json.loads((out / "run.json").read_text())
+    record["results"] = RunResults.read(out / "results.json")
+    return record
+
+
+@pytest.mark.slow
+def test_rerun_serves_unchanged_ops_and_reruns_the_changed_one(tmp_path: Path) -> None:
+    ops, cache = make_ops(tmp_path), tmp_path / "cache"
+    first = opgate_run(ops, tmp_path / "1", cache)
+    ids = sorted(c.id for c in first["results"].cells)
+    assert len(ids) == 2
+    assert first["cached_cells"] == []
+    assert {c.verdict for c in first["results"].cells} == {Verdict.PASS}
+
+    second = opgate_run(ops, tmp_path / "2", cache)
+    assert sorted(second["cached_cells"]) == ids
+    assert second["workers"] == []  # nothing ran
+    assert [c.to_json() for c in second["results"].cells] == [c.to_json() for c in first["results"].cells]
+    for cell_id in ids:  # a served cell keeps the log of the run that produced its verdict
+        log = (tmp_path / "2" / "logs" / f"{cell_id}.log").read_text()
+        assert log.startswith("=== served from the verdict cache")
+        assert f"=== {cell_id} attempt 1 seed" in log
+
+    impl = ops / "fx_flaky" / "impl.py"
+    impl.write_text(impl.read_text() + "\n# a change to this op only\n")
+    third = opgate_run(ops, tmp_path / "3", cache)
+    flaky_id = next(i for i in ids if i.startswith("fx_flaky"))
+    assert third["cached_cells"] == [i for i in ids if i != flaky_id]
+    assert [c for w in third["workers"] for c in w["cells"]] == [flaky_id]
+
+    forced = opgate_run(ops, tmp_path / "4", cache, "--no-cache")
+    assert forced["cached_cells"] == []
+    assert sorted(c for w in forced["workers"] for c in w["cells"]) == ids
+
+
+def test_explicit_seed_bypasses_the_cache(tmp_path: Path) -> None:
+    class Consulted(VerdictCache):
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def get(self, cell: Cell, spec: Any, log: Path | None = None) -> CellResult | None:
+            self.asked += 1
+            return None
+
+    cell = Cell("fx_segv", "native", "2.13.0", "none", "cpu", "fp32", "contiguous", "eager")
+    for seed, asked in ((1234, 0), (None, 1)):
+        runner = Runner(RunOptions(out=tmp_path, seed=seed))
+        runner._cache = cache = Consulted()
+        runner._specs = {"fx_segv": Spec(tmp_path / "spec.yaml")}
+        assert not runner._serve_cached(cell)
+        assert cache.asked == asked

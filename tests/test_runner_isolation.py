@@ -1,0 +1,179 @@
+"""``python -m validators run`` end to end on the planted ops in tests/fixtures_runner.
+
+Each planted op is a real op spec (``--ops-path``) whose kernel is correct
+except on float16, where it segfaults, hangs, or (fx_flaky) returns wrong
+numbers once per run.  Cells are sorted by id (bf16, fp16, fp32), so the
+faulty cell runs between two good ones in the same reused worker: the good
+ones must keep their ``pass``, the bad one must name its signal or timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from junitparser import Error, JUnitXml, Skipped
+
+from matrix.errors import CellsFailed
+from validators.result import RunResults, Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).parent / "fixtures_runner"
+CONFIG = FIXTURES / "matrix.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def opgate_run(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A real run of the planted ops; ``--no-cache``: these tests are about running cells."""
+    argv = [sys.executable, "-m", "validators", "run", "--config", str(CONFIG), "--ops-path", str(FIXTURES)]
+    env = {"OPGATE_CACHE": str(out / "cache"), **(env or {})}
+    return subprocess.run(
+        [*argv, "--out", str(out), "--no-progress", "--no-cache", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **env},
+        check=False,
+    )
+
+
+def verdicts(out: Path) -> dict[str, str]:
+    return {c.id: c.verdict.value for c in RunResults.read(out / "results.json").cells}
+
+
+def run_record(out: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / "run.json").read_text())
+    return data
+
+
+def cell_id(op: str, dtype: str, impl: str = "native") -> str:
+    return f"{op}.{impl}-pt{_torch_mm()}-cpu-{dtype}-contiguous-eager"
+
+
+def _torch_mm() -> str:
+    from matrix import installed_torch
+    from matrix.cell import torch_major_minor
+
+    return torch_major_minor(installed_torch())
+
+
+@pytest.fixture(scope="module")
+def segv_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("segv")
+    return out, opgate_run(out, "--select", "fx_segv.*-cpu-*")
+
+
+def test_segfault_is_error_naming_the_signal_and_neighbours_pass(segv_run: tuple[Path, Any]) -> None:
+    out, proc = segv_run
+    assert proc.returncode == CellsFailed.exit_code, proc.stderr
+    v = verdicts(out)
+    assert v[cell_id("fx_segv", "bf16")] == "pass"
+    assert v[cell_id("fx_segv", "fp32")] == "pass"
+    bad = next(c for c in RunResults.read(out / "results.json").cells if c.id == cell_id("fx_segv", "fp16"))
+    assert bad.verdict is Verdict.ERROR
+    assert bad.reason.startswith("worker killed by SIGSEGV")
+    assert bad.attempts == 2  # re-run once in a fresh worker, crashed again
+    log = (out / "logs" / f"{bad.id}.log").read_text()
+    assert "Segmentation fault" in log  # faulthandler's dump, written into the cell's own log
+    assert "fx_segv/impl.py" in log
+    assert "=== worker killed by SIGSEGV" in log
+
+
+def test_dead_worker_is_replaced_and_reused_workers_serve_several_cells(segv_run: tuple[Path, Any]) -> None:
+    out, _ = segv_run
+    workers = run_record(out)["workers"]
+    first = workers[0]
+    assert first["cells"] == [cell_id("fx_segv", "bf16"), cell_id("fx_segv", "fp16")]
+    assert first["end"] == "worker killed by SIGSEGV"
+    after = [w for w in workers if cell_id("fx_segv", "fp32") in w["cells"]]
+    assert len(after) == 1
+    assert after[0]["pid"] != first["pid"]
+    assert all(w["kind"] == "cpu" for w in workers)
+
+
+def test_requires_skip_and_every_cell_has_its_files(segv_run: tuple[Path, Any]) -> None:
+    out, proc = segv_run
+    run = RunResults.read(out / "results.json")
+    skips = [c for c in run.cells if c.cell.impl == "needs_dist"]
+    assert len(skips) == 3
+    assert {c.reason for c in skips} == {"requires opgate-fixture-not-installed (not installed here)"}
+    assert {p.stem for p in (out / "cells").glob("*.json")} == {c.id for c in run.cells}
+    for c in run.cells:
+        assert c.env["env_key"] == run.env["env_key"]
+        if c.verdict.ran:
+            assert (out / "logs" / f"{c.id}.log").exists()
+            assert f"--seed {c.seed}" in c.repro
+            assert c.repro.startswith(f"python -m validators run --select '{c.id}'")
+    assert "error 1" in proc.stdout
+    assert "pass 2" in proc.stdout
+
+
+def test_results_json_round_trips(segv_run: tuple[Path, Any]) -> None:
+    out, _ = segv_run
+    raw = json.loads((out / "results.json").read_text())
+    assert RunResults.read(out / "results.json").to_json() == raw
+    single = json.loads((out / "cells" / f"{cell_id('fx_segv', 'fp32')}.json").read_text())
+    assert single in raw["cells"]
+
+
+def test_junit_mirrors_the_results(segv_run: tuple[Path, Any]) -> None:
+    out, _ = segv_run
+    xml = JUnitXml.fromfile(str(out / "junit.xml"))
+    suites = list(xml)
+    assert [s.name for s in suites] == ["fx_segv"]
+    cases = {c.name: c for c in suites[0]}
+    assert len(cases) == 6
+    assert all(c.classname == "fx_segv" for c in cases.values())
+    crash = cases[cell_id("fx_segv", "fp16")].result[0]
+    assert isinstance(crash, Error)
+    assert "SIGSEGV" in crash.message
+    assert isinstance(cases[cell_id("fx_segv", "fp32", "needs_dist")].result[0], Skipped)
+    assert cases[cell_id("fx_segv", "bf16")].is_passed
+
+
+def test_hang_is_killed_at_its_timeout_and_not_retried(tmp_path: Path) -> None:
+    proc = opgate_run(tmp_path, "--select", "fx_hang.native-*-cpu-*")
+    assert proc.returncode == CellsFailed.exit_code, proc.stderr
+    run = RunResults.read(tmp_path / "results.json")
+    by = {c.id: c for c in run.cells}
+    hung = by[cell_id("fx_hang", "fp16")]
+    assert hung.verdict is Verdict.ERROR
+    assert hung.reason == "timeout after 4 s (worker killed)"  # the config's per-cell override
+    assert hung.attempts == 1
+    assert by[cell_id("fx_hang", "bf16")].verdict is Verdict.PASS
+    assert by[cell_id("fx_hang", "fp32")].verdict is Verdict.PASS
+    log = (tmp_path / "logs" / f"{hung.id}.log").read_text()
+    assert "fx_hang/impl.py" in log  # stack dump taken before the kill shows where it hung
+    workers = run_record(tmp_path)["workers"]
+    assert workers[0]["end"] == "timeout after 4 s (worker killed)"
+    assert cell_id("fx_hang", "fp32") in workers[-1]["cells"]
+
+
+def test_fail_then_pass_is_flaky(tmp_path: Path) -> None:
+    marker = tmp_path / "flaky.marker"
+    out = tmp_path / "out"
+    proc = opgate_run(out, "--select", "fx_flaky.native-*-cpu-*", env={"OPGATE_FX_FLAKY_MARKER": str(marker)})
+    assert proc.returncode == CellsFailed.exit_code, proc.stderr
+    by = {c.id: c for c in RunResults.read(out / "results.json").cells}
+    first = by[cell_id("fx_flaky", "bf16")]  # wrong in its first worker, right in a fresh one
+    assert first.verdict is Verdict.FLAKY
+    assert first.attempts == 2
+    assert first.reason.startswith("flaky: attempt 1 fail")
+    attempt1 = first.check("attempt_1")
+    assert attempt1 is not None
+    assert attempt1.status is Verdict.FAIL
+    assert any(c["status"] == "fail" for c in attempt1.details["checks"])
+    assert by[cell_id("fx_flaky", "fp16")].verdict is Verdict.PASS
+    assert by[cell_id("fx_flaky", "fp32")].verdict is Verdict.PASS
+    workers = run_record(out)["workers"]
+    first_pid = marker.read_text()
+    retry = [w for w in workers if w["cells"] == [first.id]]
+    assert len(retry) == 1
+    assert str(retry[0]["pid"]) != first_pid

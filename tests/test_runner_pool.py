@@ -1,0 +1,143 @@
+"""The worker pool's scheduling and failure handling, with a torch-free stand-in worker.
+
+``tests/fixtures_runner/fake_worker.py`` speaks the worker protocol and picks
+its behaviour from the cell's layout, so these tests cover what a GPU host
+needs (one worker per GPU, CUDA_VISIBLE_DEVICES per worker, sticky device
+errors) on a CPU-only machine, in about a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+from matrix.cell import Cell
+from validators.device import Gpu
+from validators.pool import Attempt, Pool, Task
+from validators.workerproc import WorkerConfig, visible_device
+
+FAKE = "tests.fixtures_runner.fake_worker"
+
+
+def task(tmp: Path, arch: str = "cpu", layout: str = "contiguous", dtype: str = "fp32", **kw: Any) -> Task:
+    cuda = "none" if arch == "cpu" else "13.0"
+    cell = Cell(
+        "op", "impl", "2.13.0", cuda, arch, dtype, layout, "eager", shapes=kw.pop("shapes", "default")
+    )
+    kind = "cpu" if arch == "cpu" else "cuda"
+    return Task(cell, kind, arch, 1, kw.pop("timeout_s", 30.0), tmp / f"{cell.id}.log", tmp / cell.id, **kw)
+
+
+def run_pool(
+    tmp: Path, tasks: list[Task], gpus: list[Gpu] = (), lanes: int = 1
+) -> tuple[Pool, dict[str, Any]]:
+    pool = Pool(WorkerConfig(logs=tmp / "workers", module=FAKE, threads=3), host_lanes=lanes, gpus=gpus)
+    done: dict[str, Any] = {}
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        done[t.cell.id] = a
+        return []
+
+    pool.run(tasks, on_done)
+    return pool, done
+
+
+def probe(attempt: Attempt) -> dict[str, Any]:
+    details: dict[str, Any] = attempt.outcome["checks"][0]["details"]
+    return details
+
+
+def test_one_worker_per_gpu_each_seeing_only_its_gpu(tmp_path: Path) -> None:
+    gpus = [Gpu(0, "NVIDIA H200", "9.0"), Gpu(1, "NVIDIA H200", "9.0"), Gpu(2, "NVIDIA A100", "8.0")]
+    sm90 = [task(tmp_path, "sm_90", shapes=f"s{i}") for i in range(8)]
+    sm80 = [task(tmp_path, "sm_80", shapes=f"s{i}") for i in range(2)]
+    cpu = [task(tmp_path, "cpu", shapes=f"s{i}") for i in range(2)]
+    pool, done = run_pool(tmp_path, [*sm90, *sm80, *cpu], gpus)
+    seen90 = {probe(done[t.cell.id])["CUDA_VISIBLE_DEVICES"] for t in sm90}
+    assert seen90 == {"0", "1"}  # spread over both sm_90 GPUs
+    assert {probe(done[t.cell.id])["CUDA_VISIBLE_DEVICES"] for t in sm80} == {"2"}
+    for t in [*sm90, *sm80]:
+        assert probe(done[t.cell.id])["TRITON_INTERPRET"] is None
+    for t in cpu:
+        assert probe(done[t.cell.id])["CUDA_VISIBLE_DEVICES"] == ""
+        assert probe(done[t.cell.id])["TRITON_INTERPRET"] == "1"
+        assert probe(done[t.cell.id])["OMP_NUM_THREADS"] == "3"
+    kinds = sorted(w.kind for w in pool.workers)
+    assert kinds == ["cpu", "cuda", "cuda", "cuda"]  # reused: one worker per lane
+    assert all(w.proc.returncode is not None for w in pool.workers)
+
+
+def test_visible_device_maps_through_the_parents_list() -> None:
+    assert visible_device(1, parent="") == "1"
+    assert visible_device(1, parent="4,5") == "5"
+    assert visible_device(0, parent="GPU-aaaa,GPU-bbbb") == "GPU-aaaa"
+
+
+def test_abort_costs_one_cell_and_the_lane_gets_a_new_worker(tmp_path: Path) -> None:
+    tasks = [task(tmp_path, layout=lay) for lay in ("contiguous", "transposed", "misaligned")]
+    pool, done = run_pool(tmp_path, tasks)
+    reasons = [done[t.cell.id].outcome["reason"] for t in tasks]
+    assert reasons[1] == "worker killed by SIGABRT"
+    assert done[tasks[0].cell.id].outcome["checks"][0]["status"] == "pass"
+    assert done[tasks[2].cell.id].outcome["checks"][0]["status"] == "pass"
+    assert probe(done[tasks[0].cell.id])["pid"] != probe(done[tasks[2].cell.id])["pid"]
+    assert "=== worker killed by SIGABRT" in tasks[1].log.read_text()
+    assert pool.workers[0].record(pool.t0)["end"] == "worker killed by SIGABRT"
+
+
+def test_sticky_device_error_retires_the_worker(tmp_path: Path) -> None:
+    gpus = [Gpu(0, "NVIDIA H200", "9.0")]
+    tasks = [task(tmp_path, "sm_90", layout=lay) for lay in ("offset", "contiguous")]
+    pool, done = run_pool(tmp_path, tasks, gpus)
+    bad = done[tasks[0].cell.id].outcome
+    assert bad["reason"].startswith("sticky CUDA error after this cell")
+    assert len(pool.workers) == 2
+    assert pool.workers[0].record(pool.t0)["end"] == "unhealthy after cell"
+    assert pool.workers[1].cells == [tasks[1].cell.id]
+
+
+def test_hang_is_killed_after_its_timeout(tmp_path: Path) -> None:
+    tasks = [task(tmp_path, layout="strided", timeout_s=1.0), task(tmp_path)]
+    pool, done = run_pool(tmp_path, tasks)
+    hung = done[tasks[0].cell.id]
+    assert hung.timed_out
+    assert hung.outcome["reason"] == "timeout after 1 s (worker killed)"
+    assert 1.0 <= hung.duration_s < 5.0
+    assert "fake_worker.py" in pool.workers[0].log.read_text()  # its stack, dumped before the kill
+    assert done[tasks[1].cell.id].outcome["checks"][0]["status"] == "pass"
+
+
+def test_isolated_cells_each_get_a_fresh_prestarted_worker(tmp_path: Path) -> None:
+    tasks = [task(tmp_path, shapes=f"s{i}", fresh=True) for i in range(4)]
+    pool = Pool(WorkerConfig(logs=tmp_path / "workers", module=FAKE), host_lanes=1)
+    finished: list[tuple[str, float, int]] = []
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        finished.append((t.cell.id, time.monotonic(), probe(a)["pid"]))
+        return []
+
+    pool.run(tasks, on_done)
+    assert [f[0] for f in finished] == [t.cell.id for t in tasks]
+    assert len({f[2] for f in finished}) == 4  # a fresh process per cell
+    by_pid = {w.pid: w for w in pool.workers}
+    for (_, previous_done, _), (_, _, pid) in itertools.pairwise(finished):
+        assert by_pid[pid].started < previous_done  # started while the previous cell still ran
+
+
+def test_kept_spare_is_warm_before_a_failure_asks_for_a_rerun(tmp_path: Path) -> None:
+    pool = Pool(WorkerConfig(logs=tmp_path / "workers", module=FAKE), host_lanes=1, keep_spare=True)
+    seen: list[tuple[int, float, int]] = []
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        seen.append((t.attempt, time.monotonic(), probe(a)["pid"]))
+        return [dataclasses.replace(t, attempt=2, fresh=True)] if t.attempt == 1 else []
+
+    pool.run([task(tmp_path, layout="misaligned", dtype="fp16")], on_done)
+    (_, first_done, first_pid), (attempt, _, rerun_pid) = seen
+    assert attempt == 2
+    assert rerun_pid != first_pid  # a fresh process for the re-run...
+    rerun_worker = next(w for w in pool.workers if w.pid == rerun_pid)
+    assert rerun_worker.started < first_done  # ...started before the failure came back

@@ -1,0 +1,224 @@
+"""Runner logic without workers: placement, torch filter, timeouts, repro, retries, flaky merging."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from pathlib import Path
+from typing import ClassVar
+
+from matrix.cell import Cell
+from validators import device
+from validators.attempts import AttemptView, merge_attempts, wants_retry
+from validators.device import Gpu, plan_cells
+from validators.pool import Attempt, Pool, Task
+from validators.progress import Progress
+from validators.result import CellResult, CheckResult, Verdict
+from validators.runner import RunOptions, repro_command, timeout_for
+from validators.worker import jsonable
+from validators.workerproc import WorkerConfig, exit_description
+
+H200 = Gpu(0, "NVIDIA H200", "9.0")
+A100 = Gpu(1, "NVIDIA A100-SXM4-80GB", "8.0")
+
+
+def cell(
+    arch: str = "cpu", mode: str = "eager", torch: str = "2.13.0+cpu", overrides: tuple = (), **kw: str
+) -> Cell:
+    cuda = "none" if arch == "cpu" else "13.0"
+    return Cell(
+        op=kw.get("op", "rms_norm"),
+        impl=kw.get("impl", "triton"),
+        torch=torch,
+        cuda=kw.get("cuda", cuda),
+        arch=arch,
+        dtype=kw.get("dtype", "all" if mode == "build" else "fp32"),
+        layout=kw.get("layout", "all" if mode == "build" else "contiguous"),
+        mode=mode,
+        overrides=overrides,
+    )
+
+
+# -- placement ---------------------------------------------------------------------------------
+def test_cpu_cells_run_on_cpu_workers() -> None:
+    p = device.place(cell(), gpus=[])
+    assert (p.kind, p.skip_reason, p.isolate) == ("cpu", "", False)
+
+
+def test_gpu_cell_without_that_arch_skips_with_reason() -> None:
+    assert device.place(cell("sm_90"), gpus=[]).skip_reason == "no sm_90 device here"
+    assert device.place(cell("sm_80"), gpus=[H200]).skip_reason == "no sm_80 device here"
+
+
+def test_gpu_cell_goes_to_a_gpu_of_its_arch() -> None:
+    p = device.place(cell("sm_90"), gpus=[A100, H200])
+    assert (p.kind, p.arch) == ("cuda", "sm_90")
+
+
+def test_cudagraphs_aoti_and_marked_cells_are_isolated() -> None:
+    assert device.place(cell("sm_90", "cudagraphs"), gpus=[H200]).isolate
+    assert device.place(cell("sm_90", "aoti"), gpus=[H200]).isolate
+    assert device.place(cell(overrides=(("isolate", True),)), gpus=[]).isolate
+    assert not device.place(cell("sm_90", "compile"), gpus=[H200]).isolate
+
+
+def test_build_cells_need_their_nvcc() -> None:
+    build = cell("sm_90", "build", cuda="12.9")
+    assert "validators.toolchain missing" in device.place(build, [], nvcc_finder=None).skip_reason
+    assert device.place(build, [], nvcc_finder=lambda v: None).skip_reason == "nvcc 12.9 not found here"
+
+    def broken(version: str) -> str:
+        raise RuntimeError("wheel has no nvcc driver")
+
+    assert "wheel has no nvcc driver" in device.place(build, [], nvcc_finder=broken).skip_reason
+    found = device.place(build, [], nvcc_finder=lambda v: "/usr/local/bin/nvcc")
+    assert (found.kind, found.isolate) == ("build", True)
+
+
+def test_missing_required_distribution_skips() -> None:
+    p = device.place(cell(), [], requires=["pyyaml", "opgate-no-such-dist"])
+    assert p.kind is None
+    assert p.skip_reason == "requires opgate-no-such-dist (not installed here)"
+
+
+def test_cells_of_another_torch_are_left_out_not_skipped() -> None:
+    class Spec:
+        implementations: ClassVar[dict[str, object]] = {}
+
+    cells = [cell(torch="2.13.0+cpu"), cell(torch="2.14.1"), cell("sm_90", torch="2.14.1")]
+    plan = plan_cells(cells, {"rms_norm": Spec()}, "2.13.0", gpus=[], nvcc_finder=None)
+    assert [c.torch for c in plan.cells] == ["2.13.0+cpu"]
+    assert plan.other_torch == 2
+    assert plan_cells(cells, {}, None, [], None).cells == []  # no torch installed: nothing is ours
+
+
+# -- timeouts, seeds, repro --------------------------------------------------------------------
+def test_timeout_precedence() -> None:
+    assert timeout_for(cell(mode="eager"), None) == 120.0
+    assert timeout_for(cell("sm_90", "compile"), None) == 300.0
+    slow = cell(overrides=(("timeout_s", 900.0),))
+    assert timeout_for(slow, None) == 900.0
+    assert timeout_for(slow, 5.0) == 5.0  # the command line wins for this run
+
+
+def test_repro_reruns_exactly_one_cell_with_its_seed(tmp_path: Path) -> None:
+    opts = RunOptions(out=tmp_path, config=Path("cfg.yaml"), ops_paths=[Path("myops")])
+    cmd = repro_command("rms_norm.triton-pt2.13-cpu-fp32-contiguous-eager", 1234, opts)
+    assert cmd.startswith(
+        "python -m validators run --select 'rms_norm.triton-pt2.13-cpu-fp32-contiguous-eager' --seed 1234"
+    )
+    assert f"--config {Path('cfg.yaml').resolve()}" in cmd
+    assert f"--ops-path {Path('myops').resolve()}" in cmd
+    assert cmd.endswith("--out /tmp/opgate-repro")
+    assert "--seed" not in repro_command("x", None, RunOptions(out=tmp_path))
+
+
+# -- attempts ----------------------------------------------------------------------------------
+def view(verdict: Verdict, summary: str = "", timed_out: bool = False) -> AttemptView:
+    checks = [CheckResult("correctness", verdict, summary)] if summary else []
+    return AttemptView(
+        verdict, checks, ["k"], "" if summary else verdict.value, 1.5, timed_out, not timed_out
+    )
+
+
+def test_attempt_verdict_comes_from_checks_when_worker_gives_none() -> None:
+    checks = [
+        CheckResult("a", Verdict.PASS).to_json(),
+        CheckResult("b", Verdict.FALLBACK, "aten ran").to_json(),
+    ]
+    v = AttemptView.of(Attempt({"checks": checks, "kernels": [], "reason": "", "verdict": None}, 2.0))
+    assert v.verdict is Verdict.FALLBACK
+    assert v.summary() == "b: aten ran"
+    empty = AttemptView.of(Attempt({"checks": [], "kernels": [], "reason": "", "verdict": None}, 0.0))
+    assert (empty.verdict, empty.reason) == (Verdict.ERROR, "no check ran")
+    garbled = AttemptView.of(Attempt({"checks": [{"name": "x", "status": "maybe"}], "verdict": None}, 0.0))
+    assert garbled.verdict is Verdict.ERROR
+    assert garbled.reason.startswith("malformed outcome from the worker: ValueError")
+
+
+def test_failures_and_crashes_are_retried_but_not_timeouts() -> None:
+    assert wants_retry(view(Verdict.FAIL, "bad"), 1, retries=1)
+    assert wants_retry(view(Verdict.ERROR), 1, retries=1)
+    assert not wants_retry(view(Verdict.FAIL, "bad"), 2, retries=1)
+    assert not wants_retry(view(Verdict.FAIL, "bad"), 1, retries=0)
+    assert not wants_retry(view(Verdict.ERROR, timed_out=True), 1, retries=1)
+    assert not wants_retry(view(Verdict.FALLBACK, "aten"), 1, retries=1)
+
+
+def test_fail_then_pass_is_flaky_with_both_attempts_recorded() -> None:
+    verdict, checks, _, reason = merge_attempts([view(Verdict.FAIL, "max err 1.0"), view(Verdict.PASS, "ok")])
+    assert verdict is Verdict.FLAKY
+    assert [(c.name, c.status) for c in checks] == [
+        ("correctness", Verdict.PASS),
+        ("attempt_1", Verdict.FAIL),
+    ]
+    assert checks[1].details["checks"][0]["summary"] == "max err 1.0"
+    assert reason == "flaky: attempt 1 fail (correctness: max err 1.0); attempt 2 pass"
+
+
+def test_fail_twice_stays_fail() -> None:
+    verdict, checks, _, reason = merge_attempts([view(Verdict.FAIL, "e1"), view(Verdict.FAIL, "e2")])
+    assert verdict is Verdict.FAIL
+    assert [c.name for c in checks] == ["correctness", "attempt_2"]
+    assert reason == "correctness: e1 (same on re-run)"
+    verdict, _, _, reason = merge_attempts([view(Verdict.ERROR), view(Verdict.FAIL, "e2")])
+    assert (verdict, reason) == (Verdict.ERROR, "error (re-run: fail)")
+
+
+def test_exit_descriptions_name_the_signal() -> None:
+    assert exit_description(-11) == "worker killed by SIGSEGV"
+    assert exit_description(-6) == "worker killed by SIGABRT"
+    assert exit_description(3) == "worker exited with code 3"
+
+
+def test_details_become_strict_json() -> None:
+    assert jsonable({"err": math.nan, "inf": [math.inf], "n": 3, "t": (1.5, None)}) == {
+        "err": "nan",
+        "inf": ["inf"],
+        "n": 3,
+        "t": [1.5, None],
+    }
+
+
+# -- pool without torch ------------------------------------------------------------------------
+def test_worker_that_cannot_start_errors_its_cells_instead_of_looping(tmp_path: Path) -> None:
+    config = WorkerConfig(logs=tmp_path / "logs", python="/bin/false")
+    pool = Pool(config, host_lanes=1)
+    tasks = [
+        Task(cell(dtype=d), "cpu", "cpu", 1, 30.0, tmp_path / f"{d}.log", tmp_path / d)
+        for d in ("fp32", "bf16")
+    ]
+    tasks.append(Task(cell("sm_90"), "cuda", "sm_90", 1, 30.0, tmp_path / "g.log", tmp_path / "g"))
+    seen: dict[str, str] = {}
+    pool.run(tasks, lambda t, a: seen.__setitem__(t.cell.id, a.outcome["reason"]) or ())
+    assert len(pool.workers) == 2  # gave up after two start-up failures
+    assert all(w.record(pool.t0)["end"] == "worker exited with code 1" for w in pool.workers)
+    reasons = list(seen.values())
+    assert sum("cpu worker failed to start: worker exited with code 1" in r for r in reasons) == 2
+    assert "no lane runs cuda cells" in seen[cell("sm_90").id]
+    assert all(w.proc.returncode is not None for w in pool.workers)
+
+
+def test_progress_bar_only_on_a_terminal() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    result = CellResult(cell(), Verdict.PASS, env={})
+    quiet = io.StringIO()
+    Progress(3, enabled=True, stream=quiet).update(result)
+    assert quiet.getvalue() == ""
+    off = Tty()
+    Progress(3, enabled=False, stream=off).update(result)
+    assert off.getvalue() == ""
+    bar = Progress(3, enabled=True, stream=Tty())
+    bar.update(result)
+    assert "1/3" in bar.line()
+    assert "pass 1" in bar.line()
+
+
+def test_default_jobs_leave_cores_for_torch_threads() -> None:
+    cores = os.cpu_count() or 1
+    assert device.default_jobs() == max(1, cores // 2)
+    assert device.threads_per_worker(device.default_jobs()) * device.default_jobs() <= max(cores, 1)

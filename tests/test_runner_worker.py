@@ -1,0 +1,87 @@
+"""The worker's per-cell wrapper, in-process: output capture, validator bugs, sticky device errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from matrix.cell import Cell
+from validators import worker
+from validators.checks import CellOutcome
+from validators.result import CheckResult, Verdict
+
+CELL = Cell("op", "impl", "2.13.0", "none", "cpu", "fp32", "contiguous", "eager")
+
+
+class Spec:
+    root = ""
+
+
+def task(tmp: Path) -> dict[str, Any]:
+    return {
+        "cell": CELL.to_json(),
+        "seed": 5,
+        "attempt": 1,
+        "log": str(tmp / "cell.log"),
+        "workdir": str(tmp / "work"),
+        "timeout_s": 10,
+    }
+
+
+def test_output_goes_to_the_cell_log_and_a_validator_bug_is_this_cells_error(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def run_cell(cell: Cell, spec: Any, device: str, seed: int, workdir: Path) -> CellOutcome:
+        print("printed by the op")
+        os.write(2, b"written by C code\n")
+        raise ValueError("boom\nsecond line")
+
+    reply = worker.run_task(task(tmp_path), {"op": Spec()}, run_cell, "cpu")
+    assert reply["outcome"]["verdict"] == "error"
+    assert reply["outcome"]["reason"] == "validator raised ValueError: boom"
+    assert reply["healthy"]
+    log = (tmp_path / "cell.log").read_text()
+    assert log.startswith(f"=== {CELL.id} attempt 1 seed 5 worker pid {os.getpid()} (cpu, cpu)")
+    for text in ("printed by the op", "written by C code", "Traceback", "ValueError: boom"):
+        assert text in log
+    out, err = capfd.readouterr()
+    assert "printed by the op" not in out + err  # nothing leaks past the cell's log
+    assert (tmp_path / "work").is_dir()
+
+
+def test_outcome_is_passed_on_as_strict_json(tmp_path: Path) -> None:
+    def run_cell(cell: Cell, spec: Any, device: str, seed: int, workdir: Path) -> CellOutcome:
+        assert (device, seed) == ("cpu", 5)
+        check = CheckResult("correctness", Verdict.FAIL, "NaN out", {"err": math.nan})
+        return CellOutcome([check], ["opgate::op"])
+
+    reply = worker.run_task(task(tmp_path), {"op": Spec()}, run_cell, "cpu")
+    wire = json.loads(json.dumps(worker.jsonable(reply), allow_nan=False))
+    assert wire["outcome"]["verdict"] is None  # the parent combines the checks
+    assert wire["outcome"]["checks"][0]["details"] == {"err": "nan"}
+    assert wire["outcome"]["kernels"] == ["opgate::op"]
+
+
+def test_sticky_device_error_fails_the_cell_and_the_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker, "_health", lambda kind: "sticky CUDA error after this cell: illegal address")
+
+    def run_cell(cell: Cell, spec: Any, device: str, seed: int, workdir: Path) -> CellOutcome:
+        assert device == "cuda:0"  # a cuda worker sees only its own GPU
+        return CellOutcome([CheckResult("correctness", Verdict.PASS)])
+
+    reply = worker.run_task(task(tmp_path), {"op": Spec()}, run_cell, "cuda")
+    assert not reply["healthy"]
+    assert reply["outcome"]["verdict"] == "error"
+    assert reply["outcome"]["reason"].startswith("sticky CUDA error after this cell")
+
+
+def test_unknown_op_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    reply = worker.run_task(task(tmp_path), {}, lambda *a: None, "cpu")
+    assert reply["outcome"]["reason"] == "op 'op' has no spec in this worker"

@@ -1,0 +1,107 @@
+"""``python -m validators run``: validate the matrix cells this machine can run.
+
+Exit codes come from :mod:`matrix.errors`: 0 when no cell ended bad, 1
+(``CellsFailed``) when one did, and each config / usage problem its own code
+with a one-line message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from matrix.errors import OpgateError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises (so usage errors get opgate's exit code and one line)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive(kind: type[int] | type[float]) -> type:
+    def parse(text: str) -> int | float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse  # type: ignore[return-value]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="python -m validators", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run cells in isolated workers, write results.json and junit.xml")
+    run.add_argument("--config", type=Path, help="matrix config (default: matrix/default.yaml)")
+    run.add_argument("--select", action="append", default=[], metavar="GLOB", help="keep cells matching")
+    run.add_argument("--skip", action="append", default=[], metavar="GLOB", help="drop cells matching")
+    run.add_argument(
+        "--ops-path", action="append", default=[], type=Path, metavar="DIR", help="more op specs"
+    )
+    run.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
+    run.add_argument("--jobs", type=_positive(int), help="host worker processes (default: half the cores)")
+    run.add_argument("--timeout", type=_positive(float), metavar="S", help="per-cell timeout for every cell")
+    run.add_argument("--retries", type=int, default=1, choices=range(4), help="re-runs of a failed cell")
+    run.add_argument(
+        "--seed",
+        type=int,
+        help="input seed for every cell (repro; bypasses the cache); default: fresh per cell",
+    )
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-cache", action="store_true", help="re-run every cell (still refreshes the cache)")
+    run.add_argument(
+        "--cache-dir", type=Path, metavar="DIR", help="verdict cache ($OPGATE_CACHE, .opgate-cache)"
+    )
+    return ap
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (a cancelled CI job) unwinds like Ctrl-C, so workers are stopped, not orphaned."""
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser().parse_args(argv)
+    except OpgateError as err:
+        print(err.message(), file=sys.stderr)
+        return err.exit_code
+    from validators.runner import Runner, RunOptions
+
+    options = RunOptions(
+        out=args.out,
+        config=args.config,
+        select=args.select,
+        skip=args.skip,
+        ops_paths=args.ops_path,
+        jobs=args.jobs,
+        timeout_s=args.timeout,
+        retries=args.retries,
+        seed=args.seed,
+        progress=not args.no_progress,
+        use_cache=not args.no_cache,
+        cache_dir=args.cache_dir,
+        argv=["python", "-m", "validators", *argv],
+    )
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        _, code = Runner(options).execute()
+    except OpgateError as err:
+        print(err.message(), file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"interrupted: the cells that finished are in {args.out / 'cells'}", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Every kind of evidence that a custom op really works, per cell.
+
+Entry point (called by the runner's worker process, never by the parent, so
+nothing here imports torch at module import)::
+
+    run_cell(cell, spec, device, seed, workdir) -> CellOutcome
+
+Each check is a small module exposing ``CHECKS``: a tuple of
+:class:`validators.checks.base.Check` (``name``, ``applies(ctx) -> str | None``,
+``run(ctx) -> CheckResult``).  Modes pick their checks in
+:data:`validators.checks.cell.MODE_CHECKS`:
+
+=========== ==================================================================
+eager       correctness, gradients, gradcheck, opcheck (4 sub-tests), evidence, perf
+compile     compile (fullgraph, breaks, recompiles), correctness, evidence, perf
+cudagraphs  cudagraphs (skip counts), correctness
+export      export (op node kept in the graph), correctness
+aoti        aoti (package + load + run), correctness
+build       delegated to ``validators.checks.build.run_cell`` when installed
+=========== ==================================================================
+
+A cell the spec declares unsupported runs the ``limits`` check alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from validators.result import CheckResult, Verdict
+
+if TYPE_CHECKING:
+    from matrix.cell import Cell
+    from ops.spec import OpSpec
+
+
+@dataclass
+class CellOutcome:
+    """What the worker reports for a cell; ``verdict`` None means ``combine(checks)``."""
+
+    checks: list[CheckResult]
+    kernels: list[str] = field(default_factory=list)
+    reason: str = ""
+    verdict: Verdict | None = None
+
+
+def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:
+    """Run every applicable check of ``cell`` on ``device`` ("cpu" or "cuda:N") with inputs from ``seed``.
+
+    Never raises for a Python exception inside a check or the op (that check
+    becomes ``error``); a native crash (segfault) or a hang takes the worker
+    process down, which the runner records as the cell's ``error``.
+    """
+    from validators.checks.cell import run_cell as _run_cell
+
+    return _run_cell(cell, spec, device, seed, workdir)
+
+
+__all__ = ["CellOutcome", "run_cell"]

@@ -1,0 +1,49 @@
+"""aoti: AOTInductor package + load + run, in this worker process.
+
+The package is compiled from the exported program into the cell's work
+directory, loaded back with ``aoti_load_package`` and run; its numbers are
+judged by the mode's correctness check.  Loading a package that holds a Python
+custom op segfaulted on the H200 machine: that kills this worker, and the
+runner, which runs every cell in an isolated process, records the signal as
+the cell's ``error``.  The exported graph must still call the op (as in the
+export check): a package whose graph was traced through the op ships without
+its kernel.
+"""
+
+from __future__ import annotations
+
+from validators.checks.artifacts import Aoti, ArtifactError
+from validators.checks.base import Check
+from validators.checks.context import CellContext
+from validators.checks.export import check_graphs
+from validators.result import CheckResult, Verdict
+
+NAME = "aoti"
+
+
+def applies(ctx: CellContext) -> str | None:
+    if not isinstance(ctx.artifact, Aoti):
+        return f"mode {ctx.mode} does not package with AOTInductor"
+    return None
+
+
+def run(ctx: CellContext) -> CheckResult:
+    artifact = ctx.artifact
+    assert isinstance(artifact, Aoti)
+    graph = check_graphs(ctx, NAME)
+    if graph.status is not Verdict.PASS:
+        return graph
+    try:
+        for sample in ctx.inputs():
+            artifact.runner(sample)
+    except ArtifactError as exc:
+        return CheckResult(NAME, Verdict.FAIL, str(exc), graph.details)
+    return CheckResult(
+        NAME,
+        Verdict.PASS,
+        f"{len(artifact.packages)} package(s) compiled and loaded",
+        {"packages": sorted(artifact.packages.values()), **graph.details},
+    )
+
+
+CHECKS = (Check(NAME, applies, run),)

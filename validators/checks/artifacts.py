@@ -1,0 +1,181 @@
+"""What a mode actually runs: the eager op, a compiled function, an exported or AOTI-packaged program.
+
+Every mode's correctness and evidence checks call the op through its
+artifact, so "correct under torch.compile" means the compiled function's
+numbers, not the eager op's.  An artifact is built lazily, once per cell (one
+compiled function is shared by every shape, which is what makes the recompile
+count meaningful); a build failure (a graph break under ``fullgraph``, an
+export error) is remembered and raised as :class:`ArtifactError`, which
+the mode's own check reports as a failure and the dependent checks as a skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ops.base import SampleInput
+from validators.checks.base import describe_exception
+
+
+class ArtifactError(RuntimeError):
+    """The mode's artifact could not be built (the mode's own check says why)."""
+
+
+def is_compile_failure(exc: BaseException) -> bool:
+    """True for errors raised by Dynamo/Inductor while compiling, not by the op at run time."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    return isinstance(exc, TorchDynamoException)
+
+
+def _key(sample: SampleInput) -> str:
+    parts = [
+        f"{a.dtype}{list(a.shape)}s{list(a.stride())}o{a.storage_offset()}"
+        for a in sample.args
+        if isinstance(a, torch.Tensor)
+    ]
+    return "|".join(parts)
+
+
+class Artifact:
+    """Calls the op as this mode runs it; ``failure`` is set once a build has failed."""
+
+    mode = "eager"
+
+    def __init__(self, op: Callable[..., Any]) -> None:
+        self.op = op
+        self.failure: str | None = None
+
+    def __call__(self, sample: SampleInput) -> Any:
+        return self.op(*sample.args, **sample.kwargs)
+
+
+class Compiled(Artifact):
+    """``torch.compile(op, fullgraph=True)``, dynamic when the spec declares dynamic shapes."""
+
+    mode = "compile"
+    compile_mode: str | None = None
+
+    def __init__(self, op: Callable[..., Any], dynamic: bool) -> None:
+        super().__init__(op)
+        self.dynamic = dynamic
+        self.fn = torch.compile(op, fullgraph=True, dynamic=True if dynamic else None, mode=self.compile_mode)
+        self.compiled_once = False
+
+    def __call__(self, sample: SampleInput) -> Any:
+        if self.failure is not None:
+            raise ArtifactError(self.failure)
+        try:
+            out = self.fn(*sample.args, **sample.kwargs)
+        except Exception as exc:
+            if is_compile_failure(exc):
+                self.failure = describe_exception(exc)
+                raise ArtifactError(self.failure) from exc
+            raise
+        self.compiled_once = True
+        return out
+
+
+class CudaGraphed(Compiled):
+    """``mode="reduce-overhead"``: outputs live in the graph's pool; cloned before the next replay."""
+
+    mode = "cudagraphs"
+    compile_mode = "reduce-overhead"
+
+    def __call__(self, sample: SampleInput) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        out = super().__call__(sample)
+        return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+
+
+class _TensorArgs(torch.nn.Module):
+    """Exports ``op`` with its tensor arguments as inputs and everything else baked in."""
+
+    def __init__(self, op: Callable[..., Any], sample: SampleInput) -> None:
+        super().__init__()
+        self.op = op
+        self.template = list(sample.args)
+        self.slots = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor)]
+        self.kwargs = dict(sample.kwargs)
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        args = list(self.template)
+        for i, t in zip(self.slots, tensors, strict=True):
+            args[i] = t
+        return self.op(*args, **self.kwargs)
+
+
+def tensor_args(sample: SampleInput) -> tuple[torch.Tensor, ...]:
+    return tuple(a for a in sample.args if isinstance(a, torch.Tensor))
+
+
+class Exported(Artifact):
+    """``torch.export.export`` per input signature (shape, strides, dtype); runs ``ep.module()``."""
+
+    mode = "export"
+
+    def __init__(self, op: Callable[..., Any]) -> None:
+        super().__init__(op)
+        self.programs: dict[str, torch.export.ExportedProgram] = {}
+
+    def program(self, sample: SampleInput) -> torch.export.ExportedProgram:
+        key = _key(sample)
+        if key not in self.programs:
+            if self.failure is not None:
+                raise ArtifactError(self.failure)
+            try:
+                self.programs[key] = torch.export.export(_TensorArgs(self.op, sample), tensor_args(sample))
+            except Exception as exc:
+                self.failure = f"torch.export failed: {describe_exception(exc)}"
+                raise ArtifactError(self.failure) from exc
+        return self.programs[key]
+
+    def __call__(self, sample: SampleInput) -> Any:
+        return self.program(sample).module()(*tensor_args(sample))
+
+
+class Aoti(Exported):
+    """AOTInductor: export, ``aoti_compile_and_package`` into the cell's workdir, load, run."""
+
+    mode = "aoti"
+
+    def __init__(self, op: Callable[..., Any], workdir: Path) -> None:
+        super().__init__(op)
+        self.workdir = workdir
+        self.loaded: dict[str, Callable[..., Any]] = {}
+        self.packages: dict[str, str] = {}
+
+    def runner(self, sample: SampleInput) -> Callable[..., Any]:
+        key = _key(sample)
+        if key not in self.loaded:
+            ep = self.program(sample)
+            try:
+                path = self.workdir / f"aoti-{len(self.loaded)}.pt2"
+                self.workdir.mkdir(parents=True, exist_ok=True)
+                pkg = torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
+                self.packages[key] = str(pkg)
+                self.loaded[key] = torch._inductor.aoti_load_package(str(pkg))
+            except Exception as exc:
+                self.failure = f"AOTInductor package/load failed: {describe_exception(exc)}"
+                raise ArtifactError(self.failure) from exc
+        return self.loaded[key]
+
+    def __call__(self, sample: SampleInput) -> Any:
+        return self.runner(sample)(*tensor_args(sample))
+
+
+def make_artifact(mode: str, op: Callable[..., Any], dynamic: bool, workdir: Path) -> Artifact:
+    if mode == "compile":
+        return Compiled(op, dynamic)
+    if mode == "cudagraphs":
+        return CudaGraphed(op, dynamic)
+    if mode == "export":
+        return Exported(op)
+    if mode == "aoti":
+        return Aoti(op, workdir)
+    return Artifact(op)

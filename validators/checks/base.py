@@ -1,0 +1,72 @@
+"""The one interface every check implements, and the guard that runs it.
+
+A check answers two questions about a cell: does it apply here
+(``applies(ctx) -> None`` or the reason it does not), and what did it find
+(``run(ctx) -> CheckResult``).  :func:`run_check` is the only caller: it turns
+"does not apply" into a ``skip`` result that still names the reason (reports
+show why a check did not run), and any Python exception escaping a check into
+an ``error`` result with the exception's type and message, so one broken check
+or one crashing op never takes the other checks of the cell down.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from validators.result import CheckResult, Verdict
+
+if TYPE_CHECKING:
+    from validators.checks.context import CellContext
+
+
+@dataclass(frozen=True)
+class Check:
+    """A named check: ``applies`` returns None when it applies, else why not."""
+
+    name: str
+    applies: Callable[[CellContext], str | None]
+    run: Callable[[CellContext], CheckResult]
+
+
+def always(ctx: CellContext) -> str | None:
+    """``applies`` for checks that apply wherever the dispatch table puts them."""
+    return None
+
+
+def describe_exception(exc: BaseException, limit: int = 400) -> str:
+    """``Type: first line of the message`` (the full traceback goes to the cell log)."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    first = lines[0] if lines else ""
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def error_result(name: str, exc: BaseException, what: str = "") -> CheckResult:
+    """A check that crashed: ``error`` with the exception; the traceback is printed for the log."""
+    traceback.print_exception(type(exc), exc, exc.__traceback__)
+    prefix = f"{what}: " if what else ""
+    return CheckResult(
+        name=name,
+        status=Verdict.ERROR,
+        summary=prefix + describe_exception(exc),
+        details={"exception": type(exc).__name__, "message": str(exc)[:4000]},
+    )
+
+
+def run_check(check: Check, ctx: CellContext) -> CheckResult:
+    """Run one check under the guard: skip with a reason, or its result, or ``error``."""
+    t0 = time.perf_counter()
+    try:
+        reason = check.applies(ctx)
+        if reason is not None:
+            result = CheckResult(name=check.name, status=Verdict.SKIP, summary=reason)
+        else:
+            result = check.run(ctx)
+    except Exception as exc:  # noqa: BLE001 - a crashing check or op is this check's error, nothing more
+        result = error_result(check.name, exc)
+    result.duration_s = round(time.perf_counter() - t0, 4)
+    return result

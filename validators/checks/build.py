@@ -1,0 +1,222 @@
+"""Mode ``build``: prove from the binaries which GPU arches an op's kernels hold — no GPU needed.
+
+* CUDA C++ implementations are built (cached) with the cell's nvcc for the
+  implementation's ``arch_policy``; ``cuobjdump`` must list SASS for every
+  claimed arch (and PTX when ``ptx: true``), and every arch's cubin must hold
+  the kernels the spec's CUDA evidence expects.
+* Triton implementations are cross-compiled for the cell's arch with
+  ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 80|90, 32))`` in a
+  child interpreter (never under ``TRITON_INTERPRET``); each cubin must hold
+  SASS for that arch.  Signatures come from :mod:`validators.checks.triton_build`.
+
+Verdicts: ``pass``; ``fail`` with cuobjdump's listing when an arch is missing or
+the build breaks; ``unsupported`` for a torch/CUDA major mismatch or an arch the
+policy does not claim; ``skip`` when this machine has no such nvcc or a
+CPU-only torch.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from validators.checks import CellOutcome
+from validators.result import CheckResult, Verdict
+
+if TYPE_CHECKING:
+    from matrix.cell import Cell
+    from ops.spec import ImplSpec, OpSpec
+
+CHECK = "build"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRITON_TIMEOUT_S = 900
+
+
+def _outcome(status: Verdict, summary: str, details: dict[str, Any], start: float) -> CellOutcome:
+    check = CheckResult(CHECK, status, summary, details, time.monotonic() - start)
+    reason = summary if status in (Verdict.SKIP, Verdict.UNSUPPORTED, Verdict.ERROR) else ""
+    return CellOutcome([check], [], reason, status if status is Verdict.SKIP else None)
+
+
+def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:
+    """The ``validators.checks`` entry point (device and seed do not matter to a build)."""
+    return run_build_cell(cell, spec, workdir)
+
+
+def run_build_cell(cell: Cell, spec: OpSpec, workdir: Path) -> CellOutcome:
+    start = time.monotonic()
+    impl = spec.implementations[cell.impl]
+    if cell.arch == "cpu":
+        return _outcome(Verdict.SKIP, "build cells target a GPU arch, not cpu", {}, start)
+    sass = list(impl.arch_policy.get("sass") or [cell.arch])
+    if cell.arch not in sass:
+        return _outcome(
+            Verdict.UNSUPPORTED, f"arch_policy of {impl.name} claims {sass}, not {cell.arch}", {}, start
+        )
+    try:
+        if impl.kind == "cuda":
+            return _cuda_cell(cell, spec, impl, sass, start)
+        if impl.kind == "triton":
+            return _triton_cell(cell, impl, workdir, start)
+    except Exception as exc:  # noqa: BLE001 (a build check reports, never raises into the worker)
+        return _outcome(Verdict.ERROR, f"build check crashed: {type(exc).__name__}: {exc}", {}, start)
+    return _outcome(Verdict.UNSUPPORTED, f"kind {impl.kind} has no binaries to inspect", {}, start)
+
+
+def _expected_kernels(impl: ImplSpec) -> tuple[str, ...]:
+    return tuple(impl.evidence_for("cuda", "eager").expect)
+
+
+def _cuda_cell(cell: Cell, spec: OpSpec, impl: ImplSpec, sass: list[str], start: float) -> CellOutcome:
+    import torch
+
+    from ops import _cuda_build as cb
+    from validators.binaries import kernels_by_arch, list_arches
+    from validators.toolchain import ToolchainUnavailable, ensure_nvcc
+
+    ptx = bool(impl.arch_policy.get("ptx", False))
+    details: dict[str, Any] = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda": cell.cuda,
+    }
+    if torch.version.cuda is None:
+        return _outcome(
+            Verdict.SKIP,
+            f"torch {torch.__version__} is CPU-only: no CUDA extension can be built for it",
+            details,
+            start,
+        )
+    if torch.version.cuda.split(".")[0] != cell.cuda.split(".")[0]:
+        msg = (
+            f"torch {torch.__version__} is built for CUDA {torch.version.cuda}; "
+            f"CUDA {cell.cuda} is another major version"
+        )
+        return _outcome(Verdict.UNSUPPORTED, msg, details, start)
+    try:
+        toolchain = ensure_nvcc(cell.cuda)
+    except ToolchainUnavailable as exc:
+        return _outcome(Verdict.SKIP, str(exc), details, start)
+    details["nvcc"] = toolchain.to_json()
+    details["arch_list"] = cb.arch_list(sass, ptx)
+    name = f"opgate_{spec.op}_{impl.name}"
+    try:
+        built = cb.build(name, impl.sources, sass, ptx, toolchain)
+    except cb.CudaBuildUnsupported as exc:
+        return _outcome(Verdict.UNSUPPORTED, str(exc), details, start)
+    except cb.CudaBuildError as exc:
+        details["log"] = str(exc)
+        return _outcome(Verdict.FAIL, f"build with nvcc {toolchain.release} failed", details, start)
+    details.update(library=str(built.library), build_s=round(built.build_s, 2), cache_hit=built.cache_hit)
+    found = list_arches(built.library)
+    by_arch = kernels_by_arch(built.library) if found.has_device_code else {}
+    return _judge_cuda(found, by_arch, sass, ptx, _expected_kernels(impl), details, toolchain.release, start)
+
+
+def _judge_cuda(  # noqa: PLR0917 (evidence gathered by the caller, judged here)
+    found: Any,
+    by_arch: dict[str, list[str]],
+    sass: list[str],
+    ptx: bool,
+    expect: tuple[str, ...],
+    details: dict[str, Any],
+    release: str,
+    start: float,
+) -> CellOutcome:
+    """pass only if every claimed arch has SASS (PTX when asked) holding the expected kernels."""
+    from validators.binaries import missing_arches, sass_satisfies
+
+    wanted_ptx = [a.replace("sm_", "compute_") for a in sass] if ptx else []
+    missing = missing_arches(found, sass, wanted_ptx)
+    lacking: dict[str, list[str]] = {}
+    for arch in sass:
+        names = [k for a, ks in by_arch.items() if sass_satisfies(a, arch) for k in ks]
+        gone = [p for p in expect if not any(fnmatch.fnmatchcase(k, p) for k in names)]
+        if gone and arch not in missing:
+            lacking[arch] = gone
+    details.update(binary=found.to_json(), listing=found.listing)
+    details.update(missing=missing, kernels_missing_by_arch=lacking)
+    details["kernels_by_arch"] = {a: len(ks) for a, ks in by_arch.items()}
+    have = f"SASS {', '.join(found.sass) or 'none'}; PTX {', '.join(found.ptx) or 'none'}"
+    if missing:
+        return _outcome(Verdict.FAIL, f"binary lacks {', '.join(missing)} ({have})", details, start)
+    if lacking:
+        text = "; ".join(f"{a}: {', '.join(g)}" for a, g in lacking.items())
+        return _outcome(Verdict.FAIL, f"expected kernels absent from cubins: {text}", details, start)
+    cached = " (cached)" if details.get("cache_hit") else ""
+    return _outcome(Verdict.PASS, f"nvcc {release}{cached}: {have}", details, start)
+
+
+def _cell_ptxas(cell: Cell) -> Path | CellOutcome:
+    """The ptxas of the cell's CUDA version: Triton then assembles SASS with *that* toolkit.
+
+    Without this, every Triton build cell would use the ptxas bundled in Triton's
+    wheel and the CUDA axis would say nothing.  A missing toolkit is a ``skip``.
+    """
+    from validators.toolchain import ToolchainUnavailable, ensure_nvcc
+
+    start = time.monotonic()
+    try:
+        toolchain = ensure_nvcc(cell.cuda)
+    except ToolchainUnavailable as exc:
+        return _outcome(Verdict.SKIP, str(exc), {}, start)
+    ptxas = toolchain.nvcc.parent / "ptxas"
+    if not ptxas.exists():
+        return _outcome(Verdict.SKIP, f"no ptxas beside {toolchain.nvcc}", {}, start)
+    return ptxas
+
+
+def _triton_cell(cell: Cell, impl: ImplSpec, workdir: Path, start: float) -> CellOutcome:
+    """Cross-compile in a child interpreter and judge each cubin's SASS."""
+    from validators.binaries import list_arches, sass_satisfies
+
+    outdir = workdir / "build" / cell.arch
+    outdir.mkdir(parents=True, exist_ok=True)
+    request = {
+        "module": impl.module,
+        "arch": cell.arch,
+        "dtypes": list(impl.dtypes),
+        "signatures": getattr(impl, "build_signatures", None),
+        "outdir": str(outdir),
+    }
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    ptxas = _cell_ptxas(cell)
+    if isinstance(ptxas, CellOutcome):
+        return ptxas
+    env["TRITON_PTXAS_PATH"] = str(ptxas)
+    cmd = [sys.executable, "-m", "validators.checks.triton_build", json.dumps(request)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TRITON_TIMEOUT_S, check=False)
+    try:
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        return _outcome(
+            Verdict.ERROR, "triton cross-compile child produced no report", {"stderr": tail}, start
+        )
+    details: dict[str, Any] = {"triton": report.get("triton"), "kernels": report.get("kernels", [])}
+    details["ptxas"] = str(ptxas)
+    if report.get("error"):
+        return _outcome(Verdict.ERROR, report["error"], details, start)
+    failed = [k for k in details["kernels"] if k.get("error")]
+    for k in details["kernels"]:
+        if k.get("cubin"):
+            found = list_arches(Path(k["cubin"]))
+            k["sass"] = list(found.sass)
+            k["listing"] = found.listing
+            if not any(sass_satisfies(a, cell.arch) for a in found.sass):
+                failed.append(k)
+    if not details["kernels"]:
+        return _outcome(Verdict.ERROR, f"no Triton kernel found in {impl.module}", details, start)
+    if failed:
+        names = sorted({f"{k['kernel']}[{k['dtype']}]" for k in failed})
+        return _outcome(Verdict.FAIL, f"no {cell.arch} SASS for {', '.join(names)}", details, start)
+    slowest = max(k["compile_s"] for k in details["kernels"])
+    summary = f"{len(details['kernels'])} kernel builds hold {cell.arch} SASS (slowest {slowest:.2f} s)"
+    return _outcome(Verdict.PASS, summary, details, start)

@@ -1,0 +1,183 @@
+"""Run every check that applies to one cell, inside the worker process.
+
+Which checks run is decided by the cell's mode (:data:`MODE_CHECKS`), in
+order: a mode's own check first (it builds the compiled/exported artifact and
+reports a build failure), then the correctness of that artifact, then the
+kernel evidence.  A cell the spec declares unsupported runs the limits check
+alone.
+
+Process-wide state a cell changes is restored afterwards (the worker reuses
+its process for the next cell): deterministic-algorithms mode, Dynamo's
+caches and counters, Inductor's kernel-profiling flag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from validators.result import CheckResult, Verdict
+
+if TYPE_CHECKING:
+    from matrix.cell import Cell
+    from ops.spec import OpSpec
+    from validators.checks import CellOutcome
+    from validators.checks.base import Check
+
+#: Check modules per mode, in run order.
+MODE_CHECKS: dict[str, tuple[str, ...]] = {
+    "eager": ("correctness", "gradients", "gradcheck", "opcheck", "evidence", "perf"),
+    "compile": ("compile", "correctness", "evidence", "perf"),
+    "cudagraphs": ("cudagraphs", "correctness"),
+    "export": ("export", "correctness"),
+    "aoti": ("aoti", "correctness"),
+}
+
+#: Checks owned elsewhere that a checkout may not have yet (absent -> not run).
+OPTIONAL_CHECKS = frozenset({"perf"})
+
+
+def checks_for(mode: str) -> list[Check]:
+    """The Check objects of a mode, imported lazily (each module exposes ``CHECKS``)."""
+    if mode not in MODE_CHECKS:
+        raise KeyError(f"no checks for mode {mode!r}; known: {', '.join(MODE_CHECKS)}")
+    found: list[Check] = []
+    for name in MODE_CHECKS[mode]:
+        try:
+            module = importlib.import_module(f"validators.checks.{name}")
+        except ModuleNotFoundError as exc:
+            if name in OPTIONAL_CHECKS and exc.name == f"validators.checks.{name}":
+                continue
+            raise
+        found.extend(module.CHECKS)
+    return found
+
+
+@contextlib.contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """Make ``torch.empty*`` return NaN-filled memory (CPU and CUDA) for the duration.
+
+    PyTorch fills uninitialised memory when deterministic algorithms are on and
+    ``torch.utils.deterministic.fill_uninitialized_memory`` is set; ``warn_only``
+    keeps ops without a deterministic variant running.  Every allocation an op
+    makes for its outputs is then NaN until written, so an unwritten element
+    shows up as NaN against a finite oracle.  The mode stays on for the whole
+    cell, because Dynamo guards on it: toggling it between calls would recompile.
+    """
+    import torch
+
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = torch._C._get_deterministic_fill_uninitialized_memory()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch._C._set_deterministic_fill_uninitialized_memory(True)
+    try:
+        yield
+    finally:
+        torch._C._set_deterministic_fill_uninitialized_memory(was_fill)
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+
+
+@contextlib.contextmanager
+def fresh_compiler_state(cpu: bool) -> Iterator[None]:
+    """Dynamo reset and counters cleared; on CPU, Inductor's C++ kernels named in the profiler."""
+    import torch
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    patch = inductor_config.patch({"cpp.enable_kernel_profile": True}) if cpu else contextlib.nullcontext()
+    try:
+        with patch:
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def missing_requirement(requires: list[str]) -> str | None:
+    """Why the cell cannot run here (a required distribution is missing), or None."""
+    missing = [d for d in requires if not _installed(d)]
+    return f"needs {', '.join(missing)}, not installed here" if missing else None
+
+
+def _build_outcome(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:
+    """Mode ``build``: delegated to ``validators.checks.build`` (binary evidence, no device)."""
+    from validators.checks import CellOutcome
+
+    try:
+        build = importlib.import_module("validators.checks.build")
+    except ModuleNotFoundError as exc:
+        if exc.name != "validators.checks.build":
+            raise
+        return CellOutcome([], [], "no build check is installed in this opgate", Verdict.SKIP)
+    outcome: CellOutcome = build.run_cell(cell, spec, device, seed, workdir)
+    return outcome
+
+
+def _reason(checks: list[CheckResult], verdict: Verdict) -> str:
+    if verdict is Verdict.PASS:
+        return ""
+    first = next((c for c in checks if c.status is verdict), None)
+    return f"{first.name}: {first.summary}" if first is not None else ""
+
+
+def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:
+    """The agreed entry point (see :func:`validators.checks.run_cell`)."""
+    from validators.checks import CellOutcome
+    from validators.result import combine
+
+    if cell.mode == "build":
+        return _build_outcome(cell, spec, device, seed, workdir)
+    if cell.mode == "cudagraphs" and not device.startswith("cuda"):
+        return CellOutcome([], [], "CUDA graphs need a CUDA device", Verdict.SKIP)
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the op module decorates its kernels
+    if str(spec.root) not in sys.path:
+        sys.path.insert(0, str(spec.root))
+    impl = spec.implementations.get(cell.impl)
+    missing = missing_requirement(impl.requires) if impl is not None else None
+    if missing:
+        return CellOutcome([], [], missing, Verdict.SKIP)
+
+    import torch
+
+    from validators.checks.artifacts import make_artifact
+    from validators.checks.base import error_result, run_check
+    from validators.checks.context import build_context
+    from validators.layouts import LayoutError
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    with fresh_compiler_state(device == "cpu"), poisoned_allocations():
+        try:
+            ctx = build_context(cell, spec, device, seed, workdir)
+            ctx.inputs()  # layouts are generated (and verified) before any check runs
+        except LayoutError as exc:
+            return CellOutcome([], [], f"layout {cell.layout}: {exc}", Verdict.SKIP)
+        except Exception as exc:  # noqa: BLE001 - an op that does not import is this cell's error
+            check = error_result("setup", exc)
+            return CellOutcome([check], [], check.summary, Verdict.ERROR)
+        ctx.artifact = make_artifact(cell.mode, ctx.op, spec.dynamic_shapes, workdir)
+        if ctx.impl.unsupported_reason(cell.id) is not None:
+            from validators.checks import limits
+
+            results = [run_check(c, ctx) for c in limits.CHECKS]
+        else:
+            results = [run_check(c, ctx) for c in checks_for(cell.mode)]
+    verdict = combine(results)
+    return CellOutcome(results, list(ctx.kernels), _reason(results, verdict), None)

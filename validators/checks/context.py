@@ -1,0 +1,180 @@
+"""Everything a check needs about one cell, resolved once.
+
+The context imports the implementation (which registers its torch.library
+op), resolves the op, reference and sample-input callables named in the spec,
+and hands out inputs.  Inputs are *regenerated* from the seed on every request
+instead of shared: a check (or an op that wrongly mutates its inputs) can never
+disturb the inputs another check sees, and every number in a result can be
+reproduced from the recorded seed alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ops.base import DTYPES, SampleInput
+from validators.layouts import LayoutError, apply_layout, zero_size_variants
+from validators.tolerance import Rule
+
+if TYPE_CHECKING:
+    from matrix.cell import Cell
+    from ops.spec import ImplSpec, OpSpec
+    from validators.checks.artifacts import Artifact
+
+#: Odd multiplier that spreads (seed, stream) pairs over the generator's 63-bit seed space.
+_STREAM_MIX = 0x9E3779B97F4A7C15
+
+
+def call(fn: Callable[..., Any], sample: SampleInput) -> Any:
+    return fn(*sample.args, **sample.kwargs)
+
+
+def upcast(sample: SampleInput, dtype: torch.dtype = torch.float64) -> SampleInput:
+    """Detached copies of every floating tensor argument in ``dtype`` (the oracle's inputs)."""
+
+    def conv(a: Any) -> Any:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return a.detach().to(dtype)
+        return a
+
+    return dataclasses.replace(
+        sample,
+        args=tuple(conv(a) for a in sample.args),
+        kwargs={k: conv(v) for k, v in sample.kwargs.items()},
+    )
+
+
+def with_grad(sample: SampleInput) -> SampleInput:
+    """The sample with ``requires_grad`` on its floating ``grad_args`` (leaf views keep their strides)."""
+    args = list(sample.args)
+    for i in sample.grad_args:
+        a = args[i]
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            args[i] = a.detach().requires_grad_(True)
+    return dataclasses.replace(sample, args=tuple(args))
+
+
+@dataclass
+class CellContext:
+    """One cell, resolved: callables, tolerance rule, inputs on demand, the mode's artifact."""
+
+    cell: Cell
+    spec: OpSpec
+    impl: ImplSpec
+    device: str
+    seed: int
+    workdir: Path
+    op: Callable[..., Any]
+    reference: Callable[..., Any]
+    sample_fn: Callable[..., SampleInput]
+    dtype: torch.dtype
+    shapes: list[tuple[int, ...]]
+    rule: Rule
+    copies_allowed: int
+    artifact: Artifact | None = None
+    #: Names seen by the evidence check (what the outcome reports as ``kernels``).
+    kernels: list[str] = field(default_factory=list)
+    _zero: tuple[int, ...] | None = field(default=None, repr=False)
+
+    @property
+    def device_kind(self) -> str:
+        return "cuda" if self.device.startswith("cuda") else "cpu"
+
+    @property
+    def mode(self) -> str:
+        return self.cell.mode
+
+    def generator(self, stream: int = 0) -> torch.Generator:
+        """A CPU generator seeded from (seed, stream): stream 0 draws inputs, others e.g. upstream grads."""
+        return torch.Generator().manual_seed((self.seed + _STREAM_MIX * stream) % (2**63))
+
+    def samples(
+        self, *, dtype: torch.dtype | None = None, shapes: list[tuple[int, ...]] | None = None
+    ) -> list[SampleInput]:
+        """Fresh contiguous sample inputs, one per shape, drawn from the cell's seed."""
+        gen = self.generator(0)
+        return [
+            self.sample_fn(tuple(shape), dtype or self.dtype, self.device, gen)
+            for shape in shapes or self.shapes
+        ]
+
+    def inputs(
+        self,
+        *,
+        layout: str | None = None,
+        dtype: torch.dtype | None = None,
+        shapes: list[tuple[int, ...]] | None = None,
+    ) -> list[SampleInput]:
+        """Fresh inputs in the cell's layout (or ``layout``); same values on every call."""
+        layout = layout or self.cell.layout
+        samples = self.samples(dtype=dtype, shapes=shapes)
+        targets = self._zero_targets(samples[0]) if layout == "zero_size" and samples else None
+        return [apply_layout(s, layout, targets) for s in samples]
+
+    def _zero_targets(self, sample: SampleInput) -> tuple[int, ...]:
+        """The first :func:`zero_size_variants` entry the reference accepts (decided once per cell)."""
+        if self._zero is None:
+            tried = []
+            for targets in zero_size_variants(sample):
+                try:
+                    with torch.no_grad():
+                        call(self.reference, apply_layout(sample, "zero_size", targets))
+                except Exception as exc:  # noqa: BLE001 - the reference decides which batch is empty
+                    tried.append(f"args {list(targets)}: {type(exc).__name__}: {exc}")
+                    continue
+                self._zero = targets
+                break
+            else:
+                raise LayoutError("the reference rejects every zero-size variant (" + "; ".join(tried) + ")")
+        return self._zero
+
+
+def _tolerance(cell: Cell, impl: ImplSpec) -> Rule:
+    override = cell.override("tolerance") or {}
+    if not isinstance(override, dict):
+        raise ValueError(f"cell override 'tolerance' must be a mapping, got {override!r}")
+    k = float(override.get("k", impl.tolerance.k))
+    atol = float(override.get("atol_floor", impl.tolerance.atol_floor))
+    return Rule(k=k, atol_floor=atol)
+
+
+def build_context(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellContext:
+    """Import the implementation and resolve the spec's callables for one cell."""
+    from ops.spec import resolve
+
+    if cell.impl not in spec.implementations:
+        known = ", ".join(sorted(spec.implementations))
+        raise KeyError(f"{spec.path}: op {spec.op!r} has no implementation {cell.impl!r} (known: {known})")
+    impl = spec.implementations[cell.impl]
+    if cell.dtype not in DTYPES:
+        raise KeyError(f"cell {cell.id}: unknown dtype {cell.dtype!r}")
+    if cell.shapes not in spec.shapes:
+        raise KeyError(f"{spec.path}: op {spec.op!r} has no shape set {cell.shapes!r}")
+    if str(spec.root) not in sys.path:  # --ops-path specs import from their own folder
+        sys.path.insert(0, str(spec.root))
+    if impl.module:
+        importlib.import_module(impl.module)
+    copies = cell.override("copies_allowed", impl.copies_allowed)
+    return CellContext(
+        cell=cell,
+        spec=spec,
+        impl=impl,
+        device=device,
+        seed=seed,
+        workdir=workdir,
+        op=resolve(impl.entry, spec.root),
+        reference=resolve(spec.reference, spec.root),
+        sample_fn=resolve(spec.samples, spec.root),
+        dtype=DTYPES[cell.dtype],
+        shapes=[tuple(s) for s in spec.shapes[cell.shapes]],
+        rule=_tolerance(cell, impl),
+        copies_allowed=int(copies),
+    )

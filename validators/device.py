@@ -1,0 +1,181 @@
+"""What this machine can run: which cells go to which kind of worker, and why the rest skip.
+
+A matrix names every environment; one machine runs a slice of it.  Cells of
+another torch major.minor belong to another nox session and are left out
+entirely (not ``skip``: that torch's session reports them).  Everything else is
+either placed on a worker kind or recorded ``skip`` with a reason a reader can
+act on ("no sm_90 device here", "nvcc 12.9 not found").
+
+Worker kinds, each its own process environment (see :mod:`validators.worker`):
+
+* ``cpu``   arch ``cpu`` cells; ``TRITON_INTERPRET=1``, GPUs hidden.
+* ``cuda``  ``sm_XX`` cells, one worker per visible GPU of that capability.
+* ``build`` mode ``build`` cells: compile and inspect binaries, no device needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from matrix.cell import Cell, torch_major_minor
+
+#: Modes whose runtime state cannot be trusted to stay inside one cell (CUDA graphs
+#: pools, AOTInductor loaders that segfault, loaded extension .so files): fresh worker.
+ISOLATED_MODES = frozenset({"cudagraphs", "aoti", "build"})
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One visible GPU, as the probe saw it (index is the CUDA_VISIBLE_DEVICES value)."""
+
+    index: int
+    name: str
+    capability: str  # "9.0"
+
+    @property
+    def arch(self) -> str:
+        return "sm_" + self.capability.replace(".", "")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a cell runs (``kind``) or why it cannot (``skip_reason``)."""
+
+    kind: str | None  # "cpu" | "cuda" | "build" | None (skip)
+    skip_reason: str = ""
+    arch: str = "cpu"  # cuda cells: GPUs with this arch may run it
+    isolate: bool = False
+
+
+def installed_torch() -> str | None:
+    """The running interpreter's torch version, read without importing torch."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def is_this_torch(cell: Cell, torch_version: str | None) -> bool:
+    """Cells of another torch major.minor belong to another environment's run."""
+    return torch_version is not None and torch_major_minor(cell.torch) == torch_major_minor(torch_version)
+
+
+def gpu_hardware_possible() -> bool:
+    """Cheap pre-check, so a CPU-only machine never pays for a CUDA probe."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+
+
+def gpus_from_fingerprint(fp: Mapping[str, Any]) -> list[Gpu]:
+    return [Gpu(int(g["index"]), str(g["name"]), str(g["capability"])) for g in fp.get("gpus") or []]
+
+
+def missing_distributions(requires: Sequence[str]) -> list[str]:
+    """Distributions from an implementation's ``requires:`` that are not installed here."""
+    return [dist for dist in requires if not _installed(dist)]
+
+
+def _installed(dist: str) -> bool:
+    try:
+        metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+NvccFinder = Callable[[str], "str | os.PathLike[str] | None"]
+
+
+def default_nvcc_finder() -> NvccFinder | None:
+    """``validators.toolchain.find_nvcc`` when the build toolchain module is present."""
+    try:
+        toolchain = importlib.import_module("validators.toolchain")
+    except ImportError:
+        return None
+    finder: NvccFinder | None = getattr(toolchain, "find_nvcc", None)
+    return finder
+
+
+def find_nvcc(version: str, finder: NvccFinder | None) -> tuple[str | None, str]:
+    """(path, "") when the cell's nvcc exists here, else (None, reason)."""
+    if finder is None:
+        return None, f"nvcc {version}: no build toolchain support here (validators.toolchain missing)"
+    try:
+        found = finder(version)
+    except Exception as exc:  # noqa: BLE001 - any lookup failure is a reason to skip, said in full
+        return None, f"nvcc {version} not available: {exc}"
+    if not found:
+        return None, f"nvcc {version} not found here"
+    return os.fspath(found), ""
+
+
+def place(
+    cell: Cell,
+    gpus: Sequence[Gpu],
+    requires: Sequence[str] = (),
+    nvcc_finder: NvccFinder | None = None,
+) -> Placement:
+    """Decide where ``cell`` runs on this machine (the torch filter is applied before)."""
+    missing = missing_distributions(requires)
+    if missing:
+        return Placement(None, f"requires {', '.join(missing)} (not installed here)")
+    isolate = cell.mode in ISOLATED_MODES or bool(cell.override("isolate", False))
+    if cell.mode == "build":
+        path, reason = find_nvcc(cell.cuda, nvcc_finder)
+        if path is None:
+            return Placement(None, reason)
+        return Placement("build", arch=cell.arch, isolate=True)
+    if cell.arch == "cpu":
+        return Placement("cpu", isolate=isolate)
+    if not any(g.arch == cell.arch for g in gpus):
+        return Placement(None, f"no {cell.arch} device here")
+    return Placement("cuda", arch=cell.arch, isolate=isolate)
+
+
+def default_jobs() -> int:
+    """Host workers: half the cores (1 on a 2-core runner), each running torch on the rest."""
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
+def threads_per_worker(jobs: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, jobs))
+
+
+@dataclass
+class Plan:
+    """This machine's share of the cells: what runs where, what skips and why."""
+
+    cells: list[Cell] = field(default_factory=list)  # this torch's cells, in matrix order
+    placements: dict[str, Placement] = field(default_factory=dict)
+    other_torch: int = 0  # left out: another torch session runs them
+    nvcc: dict[str, str] = field(default_factory=dict)  # cuda version -> nvcc found for build cells
+
+
+def plan_cells(
+    cells: Sequence[Cell],
+    specs: Mapping[str, Any],
+    torch_version: str | None,
+    gpus: Sequence[Gpu],
+    nvcc_finder: NvccFinder | None,
+) -> Plan:
+    """Leave out other torch versions' cells; place or skip the rest (see :func:`place`)."""
+    plan = Plan()
+    for cell in cells:
+        if not is_this_torch(cell, torch_version):
+            plan.other_torch += 1
+            continue
+        impl = specs[cell.op].implementations.get(cell.impl) if cell.op in specs else None
+        placement = place(cell, gpus, list(getattr(impl, "requires", []) or []), nvcc_finder)
+        if placement.kind == "build" and cell.cuda not in plan.nvcc:
+            plan.nvcc[cell.cuda] = find_nvcc(cell.cuda, nvcc_finder)[0] or ""
+        plan.cells.append(cell)
+        plan.placements[cell.id] = placement
+    return plan

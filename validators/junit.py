@@ -1,0 +1,91 @@
+"""results.json -> junit.xml, so any CI's test-report UI shows opgate's cells as tests.
+
+Mapping (what GitHub's JUnit reporters render): one ``<testsuite>`` per op,
+one ``<testcase>`` per cell with ``classname`` = op and ``name`` = cell id (the
+id every other opgate output uses).  ``fail``/``fallback``/``flaky`` are
+failures (the verdict is the failure ``type``), ``error`` is an error,
+``skip``/``unsupported`` are skipped with their reason; the environment
+fingerprint rides along as suite properties so merged shards stay apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
+
+from validators.result import CellResult, RunResults, Verdict
+
+FAILURE_VERDICTS = frozenset({Verdict.FAIL, Verdict.FALLBACK, Verdict.FLAKY})
+SKIPPED_VERDICTS = frozenset({Verdict.SKIP, Verdict.UNSUPPORTED})
+
+
+def _message(cell: CellResult) -> str:
+    if cell.reason:
+        return cell.reason
+    bad = [f"{c.name}: {c.summary}" for c in cell.checks if c.status.is_bad or c.status is Verdict.ERROR]
+    return "; ".join(bad) or cell.verdict.value
+
+
+def _details(cell: CellResult) -> str:
+    """Failure body: every non-passing check, the kernels seen, and how to re-run the cell."""
+    lines = [f"{c.name}: {c.status.value}: {c.summary}" for c in cell.checks if c.status is not Verdict.PASS]
+    if cell.kernels:
+        lines.append("kernels: " + ", ".join(cell.kernels))
+    lines.append(f"attempts: {cell.attempts}  seed: {cell.seed}")
+    if cell.repro:
+        lines.append(f"repro: {cell.repro}")
+    return "\n".join(lines)
+
+
+def testcase(cell: CellResult) -> TestCase:
+    case = TestCase(name=cell.id, classname=cell.cell.op, time=round(cell.duration_s, 3))
+    if cell.verdict in FAILURE_VERDICTS:
+        failure = Failure(_message(cell), cell.verdict.value)
+        failure.text = _details(cell)
+        case.result = [failure]
+    elif cell.verdict is Verdict.ERROR:
+        error = Error(_message(cell), "error")
+        error.text = _details(cell)
+        case.result = [error]
+    elif cell.verdict in SKIPPED_VERDICTS:
+        case.result = [Skipped(f"{cell.verdict.value}: {cell.reason}" if cell.reason else cell.verdict.value)]
+    if cell.repro:
+        case.system_out = cell.repro
+    return case
+
+
+def _property_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def build_junit(run: RunResults) -> JUnitXml:
+    xml = JUnitXml(name="opgate")
+    suites: dict[str, TestSuite] = {}
+    for cell in run.cells:
+        op = cell.cell.op
+        if op not in suites:
+            suite = suites[op] = TestSuite(op)
+            if run.started_at:
+                suite.timestamp = run.started_at
+            _add_properties(suite, run.env)
+        suites[op].add_testcase(testcase(cell))
+    for suite in suites.values():
+        suite.update_statistics()
+        xml.add_testsuite(suite)
+    xml.update_statistics()
+    return xml
+
+
+def _add_properties(suite: TestSuite, env: Mapping[str, Any]) -> None:
+    for key in sorted(env):
+        if env[key] is not None:
+            suite.add_property(f"env.{key}", _property_value(env[key]))
+
+
+def write_junit(run: RunResults, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    build_junit(run).write(str(path), pretty=True)

@@ -1,0 +1,15 @@
+"""Performance measurement and regression detection (GPU only; CPU cells record nothing).
+
+Modules:
+
+* :mod:`~validators.perf.timing`    CUDA-event timing: warm-up, L2 flush, rotating inputs, A/B, clocks
+* :mod:`~validators.perf.ceilings`  the run's measured copy-bandwidth and GEMM ceilings
+* :mod:`~validators.perf.cost`      bytes/FLOPs from a spec's cost expressions (safe evaluation)
+* :mod:`~validators.perf.stats`     the regression rule: :func:`~validators.perf.stats.judge` (pure Python)
+* :mod:`~validators.perf.study`     measured quality of the rule: A/A false alarms and a planted slowdown
+* :mod:`~validators.perf.block`     a decoder block with opgate's ops vs stock PyTorch
+* :mod:`~validators.perf.bench`     the opgate-wide benchmark table against peers
+
+The per-cell check is :mod:`validators.checks.perf`; the command line is
+``python -m validators.perf {bench,study,block}``.
+"""

@@ -1,0 +1,354 @@
+"""The worker pool: lanes of worker processes fed cells, watched for crashes and hangs.
+
+A *lane* runs one cell at a time: ``--jobs`` host lanes (cpu and build cells)
+and one lane per visible GPU (cuda cells of that GPU's arch).  A lane keeps a
+reusable worker (torch imported once for many cells) and, for cells that must
+be isolated (CUDA graphs, AOTI, build, re-runs), a throw-away worker that is
+started while the previous cell still runs (a *spare*), so isolation costs no
+start-up wait.  One thread, one ``select`` loop: no locks, and every deadline
+is checked in one place.
+
+A worker that dies charges only the cell it was running: the attempt becomes
+``error`` naming the signal ("worker killed by SIGSEGV") and the lane starts a
+fresh worker.  A cell past its timeout gets a stack dump (SIGUSR1 ->
+faulthandler, into the cell's log), then its worker's process group is killed.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import selectors
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matrix.cell import Cell
+from validators.device import Gpu
+from validators.workerproc import WorkerConfig, WorkerProcess, exit_description
+
+STARTUP_TIMEOUT_S = 300.0
+#: Consecutive start-up failures after which a worker kind is given up (its cells -> error).
+MAX_STARTUP_FAILURES = 2
+STACK_DUMP_GRACE_S = 0.5
+
+
+@dataclass
+class Task:
+    """One attempt at one cell."""
+
+    cell: Cell
+    kind: str  # cpu | cuda | build
+    arch: str
+    seed: int
+    timeout_s: float
+    log: Path
+    workdir: Path
+    attempt: int = 1
+    fresh: bool = False  # run in a throw-away worker
+
+
+@dataclass
+class Attempt:
+    """What one attempt produced: the worker's outcome, or why there is none."""
+
+    outcome: dict[str, Any]
+    duration_s: float
+    worker: str = ""
+    timed_out: bool = False
+    retryable: bool = True
+
+
+@dataclass
+class Lane:
+    name: str
+    gpu: Gpu | None = None
+    reusable: WorkerProcess | None = None
+    spare: WorkerProcess | None = None
+    current: WorkerProcess | None = None
+    task: Task | None = None
+    sent_at: float = 0.0
+    deadline: float = 0.0
+
+    def can_run(self, task: Task) -> bool:
+        if self.gpu is None:
+            return task.kind in ("cpu", "build")
+        return task.kind == "cuda" and task.arch == self.gpu.arch
+
+
+def _usable(worker: WorkerProcess | None, kind: str) -> bool:
+    return worker is not None and worker.kind == kind and worker.alive
+
+
+Done = Callable[[Task, Attempt], Iterable[Task]]
+
+
+class Pool:
+    """Runs tasks on lanes; ``on_done`` gets each attempt and may return follow-up tasks."""
+
+    def __init__(
+        self, config: WorkerConfig, host_lanes: int, gpus: Sequence[Gpu] = (), keep_spare: bool = False
+    ) -> None:
+        self.config = config
+        self.keep_spare = keep_spare  # re-runs are likely: keep a fresh worker warm on every busy lane
+        self.t0 = time.monotonic()
+        self.shutdown_s = 0.0
+        self.lanes = [Lane(f"cpu{i}") for i in range(max(1, host_lanes))]
+        self.lanes += [Lane(f"gpu{g.index}", gpu=g) for g in gpus]
+        self.workers: list[WorkerProcess] = []
+        self.fingerprint: dict[str, Any] = {}
+        self._sel = selectors.DefaultSelector()
+        self._failures: collections.Counter[str] = collections.Counter()
+        self._failure_text: dict[str, str] = {}
+        self._pending: collections.deque[Task] = collections.deque()
+        self._on_done: Done = lambda task, attempt: ()
+
+    def run(self, tasks: Iterable[Task], on_done: Done) -> None:
+        self._pending, self._on_done = collections.deque(tasks), on_done
+        try:
+            while self._pending or self._busy():
+                self._dispatch()
+                if self._pending and not self._busy():
+                    for task in list(self._pending):  # planning placed a cell no lane serves
+                        self._pending.remove(task)
+                        self._finish(task, Attempt(_error(f"no lane runs {task.kind} cells"), 0.0))
+                    continue
+                self._prewarm()
+                self._poll()
+                self._check_deadlines()
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): no politeness, no orphans
+            self.shutdown(force=True)
+            raise
+        self.shutdown()
+
+    def _busy(self) -> bool:
+        return any(lane.task is not None for lane in self.lanes)
+
+    # -- assigning ---------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        for lane in self.lanes:
+            while lane.task is None:
+                task = next((t for t in self._pending if lane.can_run(t)), None)
+                if task is None:
+                    break
+                self._pending.remove(task)
+                if self._failures[task.kind] >= MAX_STARTUP_FAILURES:
+                    reason = f"{task.kind} worker failed to start: {self._failure_text.get(task.kind, '?')}"
+                    self._finish(task, Attempt(_error(reason), 0.0, retryable=False))
+                    continue
+                self._start(lane, task)
+
+    def _start(self, lane: Lane, task: Task) -> None:
+        worker: WorkerProcess
+        if task.fresh:
+            if lane.spare is not None and _usable(lane.spare, task.kind):
+                worker, lane.spare = lane.spare, None
+            else:
+                worker = self._spawn(task.kind, lane)
+        else:
+            if lane.reusable is not None and not _usable(lane.reusable, task.kind):
+                self._retire(lane.reusable, "replaced by another kind")
+                lane.reusable = None
+            if lane.reusable is None:
+                lane.reusable = self._spawn(task.kind, lane)
+            worker = lane.reusable
+        lane.current, lane.task, lane.sent_at = worker, task, 0.0
+        if worker.ready:
+            self._send(lane)
+        else:
+            lane.deadline = worker.started + STARTUP_TIMEOUT_S
+
+    def _prewarm(self) -> None:
+        """Start the worker each busy lane will need next, while its current cell runs.
+
+        A spare (throw-away worker) for the next isolated cell or, with
+        ``keep_spare``, for a re-run of the current cell if it fails; a new
+        reusable worker when the last one died or is of the wrong kind.
+        """
+        for lane in self.lanes:
+            if lane.task is None or self._failures[lane.task.kind]:
+                continue
+            nxt = next((t for t in self._pending if lane.can_run(t)), None)
+            spare_kind = nxt.kind if nxt is not None and nxt.fresh else None
+            if spare_kind is None and self.keep_spare:
+                spare_kind = lane.task.kind
+            if (
+                spare_kind is not None
+                and not self._failures[spare_kind]
+                and not _usable(lane.spare, spare_kind)
+            ):
+                if lane.spare is not None:
+                    self._retire(lane.spare, "spare of another kind")
+                lane.spare = self._spawn(spare_kind, lane)
+            if nxt is None or nxt.fresh or self._failures[nxt.kind]:
+                continue
+            if lane.current is not lane.reusable and not _usable(lane.reusable, nxt.kind):
+                if lane.reusable is not None:
+                    self._retire(lane.reusable, "replaced by another kind")
+                lane.reusable = self._spawn(nxt.kind, lane)
+
+    def _send(self, lane: Lane) -> None:
+        task, worker = lane.task, lane.current
+        if task is None or worker is None:
+            return
+        worker.cells.append(task.cell.id)
+        lane.sent_at = time.monotonic()
+        lane.deadline = lane.sent_at + task.timeout_s
+        msg = {
+            "cell": task.cell.to_json(),
+            "seed": task.seed,
+            "attempt": task.attempt,
+            "log": str(task.log),
+            "workdir": str(task.workdir),
+            "timeout_s": task.timeout_s,
+        }
+        with contextlib.suppress(OSError):  # the worker died: its EOF arrives through the selector
+            worker.send(msg)
+
+    def _spawn(self, kind: str, lane: Lane) -> WorkerProcess:
+        name = f"{kind}-{lane.name}-{len(self.workers) + 1}"
+        cfg = self.config
+        worker = WorkerProcess(name, kind, cfg.argv(kind), cfg.env(kind, lane.gpu), cfg.logs / f"{name}.log")
+        self.workers.append(worker)
+        self._sel.register(worker.fd, selectors.EVENT_READ, worker)
+        return worker
+
+    # -- events ------------------------------------------------------------------------------
+    def _poll(self) -> None:
+        deadlines = [lane.deadline for lane in self.lanes if lane.task is not None]
+        wait = min(deadlines, default=time.monotonic() + 1.0) - time.monotonic()
+        for key, _ in self._sel.select(timeout=min(max(0.0, wait), 1.0)):
+            worker: WorkerProcess = key.data
+            for msg in worker.read():
+                self._on_message(worker, msg)
+            if worker.eof:
+                self._on_death(worker)
+
+    def _lane_running(self, worker: WorkerProcess) -> Lane | None:
+        return next((lane for lane in self.lanes if lane.current is worker and lane.task), None)
+
+    def _on_message(self, worker: WorkerProcess, msg: dict[str, Any]) -> None:
+        lane = self._lane_running(worker)
+        if msg.get("type") == "hello":
+            worker.hello(msg)
+            self.fingerprint = self.fingerprint or worker.fingerprint
+            self._failures[worker.kind] = 0
+            if lane is not None and not lane.sent_at:
+                self._send(lane)
+        elif msg.get("type") == "result" and lane is not None and lane.task is not None:
+            task = lane.task
+            outcome = msg.get("outcome")
+            if not isinstance(outcome, dict):
+                outcome = _error("worker sent a result without an outcome")
+            attempt = Attempt(outcome, float(msg.get("duration_s") or 0.0), worker.name)
+            lane.current, lane.task = None, None
+            if worker is not lane.reusable:
+                self._retire(worker, "isolated cell done")
+            elif not msg.get("healthy", True):
+                self._retire(worker, "unhealthy after cell")
+                lane.reusable = None
+            self._finish(task, attempt)
+
+    def _forget(self, worker: WorkerProcess) -> None:
+        self._unregister(worker)
+        for lane in self.lanes:
+            if lane.reusable is worker:
+                lane.reusable = None
+            if lane.spare is worker:
+                lane.spare = None
+
+    def _on_death(self, worker: WorkerProcess) -> None:
+        lane = self._lane_running(worker)
+        self._forget(worker)
+        rc = worker.wait()
+        worker.end = worker.end or exit_description(rc)
+        if not worker.ready and not worker.retiring:
+            self._startup_failed(worker)
+        if lane is None or lane.task is None:
+            return
+        task = lane.task
+        lane.current, lane.task = None, None
+        if not worker.ready:
+            self._pending.appendleft(task)  # not this cell's fault; _dispatch gives up after repeats
+            return
+        reason = exit_description(rc)
+        _append(task.log, f"=== {reason}")
+        self._finish(task, Attempt(_error(reason), time.monotonic() - lane.sent_at, worker.name))
+
+    def _startup_failed(self, worker: WorkerProcess) -> None:
+        self._failures[worker.kind] += 1
+        self._failure_text[worker.kind] = f"{worker.end}; {_last_line(worker.log)}"
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for lane in self.lanes:
+            worker, task = lane.current, lane.task
+            if task is None or worker is None or now < lane.deadline:
+                continue
+            lane.current, lane.task = None, None
+            if not worker.ready:
+                worker.end = f"no hello within {STARTUP_TIMEOUT_S:.0f} s"
+                self._startup_failed(worker)
+                self._forget(worker)
+                worker.kill()
+                self._pending.appendleft(task)
+                continue
+            worker.dump_stacks()
+            time.sleep(STACK_DUMP_GRACE_S)
+            worker.end = reason = f"timeout after {task.timeout_s:g} s (worker killed)"
+            self._forget(worker)
+            worker.kill()
+            _append(task.log, f"=== {reason}")
+            self._finish(task, Attempt(_error(reason), now - lane.sent_at, worker.name, timed_out=True))
+
+    def _finish(self, task: Task, attempt: Attempt) -> None:
+        for follow_up in reversed(list(self._on_done(task, attempt))):
+            self._pending.appendleft(follow_up)
+
+    # -- stopping ----------------------------------------------------------------------------
+    def _unregister(self, worker: WorkerProcess) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(worker.fd)
+
+    def _retire(self, worker: WorkerProcess, why: str) -> None:
+        """Close its stdin and move on; its EOF (through the selector) reaps it."""
+        worker.end = worker.end or why
+        worker.retiring = True
+        worker.close()
+
+    def shutdown(self, force: bool = False) -> None:
+        """Stop every worker still running: EOF on stdin, SIGKILL after a grace period (or at once)."""
+        t = time.monotonic()
+        for worker in self.workers:
+            worker.retiring = True
+            worker.end = worker.end or ("run interrupted" if force else "run finished")
+            worker.close()
+        for worker in self.workers:
+            self._unregister(worker)
+            if force:
+                worker.kill()
+            else:
+                worker.wait(timeout=5.0)
+            worker.release()
+        self._sel.close()
+        self.shutdown_s = time.monotonic() - t
+
+
+def _error(reason: str) -> dict[str, Any]:
+    return {"checks": [], "kernels": [], "reason": reason, "verdict": "error"}
+
+
+def _append(path: Path, line: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(line + "\n")
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no worker log"
+    return lines[-1][:300] if lines else "worker printed nothing"

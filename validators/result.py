@@ -1,0 +1,203 @@
+"""The one result record: every check writes into it, every report renders from it.
+
+Nothing else in opgate decides what a verdict means.  ``results.json`` is a
+list of :class:`CellResult` plus the run's environment; reports read only this
+file, so validation and publishing can run on different machines.
+
+Verdicts (cell level), strongest first when combining checks:
+
+* ``error``       crash, timeout, signal, broken infrastructure (profiler saw nothing)
+* ``fail``        wrong numbers or a failing check
+* ``flaky``       failed once, passed on a fresh re-run
+* ``fallback``    numbers right, but the op's own kernel did not run / extra copies ran
+* ``pass``        every applicable check passed
+* ``unsupported`` the spec declares the cell unsupported and the op refused it clearly
+* ``skip``        cannot run here (no such device, no such nvcc, ...)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matrix.cell import Cell
+from matrix.errors import ResultsFormatError
+
+RESULTS_SCHEMA_VERSION = 1
+
+
+class Verdict(str, enum.Enum):
+    PASS = "pass"  # noqa: S105  (a verdict, not a password)
+    FAIL = "fail"
+    FALLBACK = "fallback"
+    ERROR = "error"
+    SKIP = "skip"
+    UNSUPPORTED = "unsupported"
+    FLAKY = "flaky"
+
+    @property
+    def is_bad(self) -> bool:
+        """Verdicts that turn a gate red."""
+        return self in (Verdict.FAIL, Verdict.FALLBACK, Verdict.ERROR, Verdict.FLAKY)
+
+    @property
+    def ran(self) -> bool:
+        return self != Verdict.SKIP
+
+
+#: Combining order: the first verdict present among checks wins.
+_SEVERITY = (Verdict.ERROR, Verdict.FAIL, Verdict.FALLBACK, Verdict.UNSUPPORTED, Verdict.PASS)
+
+
+@dataclass
+class CheckResult:
+    """What one check found.  ``status`` uses the cell verdict vocabulary.
+
+    ``summary`` is one human line (shown in tables and alerts); ``details`` is
+    structured evidence (errors, kernel names, counts) shown in the dashboard.
+    """
+
+    name: str
+    status: Verdict
+    summary: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CheckResult:
+        return cls(
+            name=str(d["name"]),
+            status=Verdict(d["status"]),
+            summary=str(d.get("summary", "")),
+            details=dict(d.get("details") or {}),
+            duration_s=float(d.get("duration_s", 0.0)),
+        )
+
+
+def combine(checks: Iterable[CheckResult]) -> Verdict:
+    """Cell verdict from its checks.  No applicable check ran -> ``skip`` is wrong: ``error``."""
+    statuses = {c.status for c in checks if c.status is not Verdict.SKIP}
+    if not statuses:
+        return Verdict.ERROR
+    for v in _SEVERITY:
+        if v in statuses:
+            return v
+    return Verdict.ERROR
+
+
+@dataclass
+class CellResult:
+    """One record per cell in ``results.json``."""
+
+    cell: Cell
+    verdict: Verdict
+    env: dict[str, Any]
+    checks: list[CheckResult] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+    reason: str = ""  # why skip / error / unsupported, one line
+    seed: int | None = None
+    repro: str = ""
+    attempts: int = 1
+
+    @property
+    def id(self) -> str:
+        return self.cell.id
+
+    def check(self, name: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.cell.id,
+            "axes": self.cell.axes(),
+            "overrides": dict(self.cell.overrides),
+            "verdict": self.verdict.value,
+            "reason": self.reason,
+            "env": self.env,
+            "checks": [c.to_json() for c in self.checks],
+            "kernels": self.kernels,
+            "duration_s": round(self.duration_s, 4),
+            "seed": self.seed,
+            "repro": self.repro,
+            "attempts": self.attempts,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CellResult:
+        try:
+            cell = Cell.from_json({**d["axes"], "overrides": d.get("overrides") or {}})
+            if cell.id != d["id"]:
+                raise ResultsFormatError(f"record id {d['id']!r} does not match its axes ({cell.id!r})")
+            return cls(
+                cell=cell,
+                verdict=Verdict(d["verdict"]),
+                env=dict(d.get("env") or {}),
+                checks=[CheckResult.from_json(c) for c in d.get("checks") or []],
+                kernels=list(d.get("kernels") or []),
+                duration_s=float(d.get("duration_s", 0.0)),
+                reason=str(d.get("reason", "")),
+                seed=d.get("seed"),
+                repro=str(d.get("repro", "")),
+                attempts=int(d.get("attempts", 1)),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ResultsFormatError(f"malformed cell record {d.get('id', '?')!r}: {exc}") from exc
+
+
+@dataclass
+class RunResults:
+    """Contents of one ``results.json``: a run (or shard) on one machine."""
+
+    cells: list[CellResult]
+    env: dict[str, Any]
+    started_at: str = ""
+    finished_at: str = ""
+    argv: list[str] = field(default_factory=list)
+    shard: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": RESULTS_SCHEMA_VERSION,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "argv": self.argv,
+            "shard": self.shard,
+            "env": self.env,
+            "cells": [c.to_json() for c in self.cells],
+        }
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def read(cls, path: Path) -> RunResults:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ResultsFormatError(f"{path}: cannot read results: {exc}") from exc
+        version = data.get("schema_version")
+        if version != RESULTS_SCHEMA_VERSION:
+            raise ResultsFormatError(
+                f"{path}: results schema_version {version!r}, this opgate reads {RESULTS_SCHEMA_VERSION}"
+            )
+        return cls(
+            cells=[CellResult.from_json(c) for c in data.get("cells", [])],
+            env=dict(data.get("env") or {}),
+            started_at=str(data.get("started_at", "")),
+            finished_at=str(data.get("finished_at", "")),
+            argv=list(data.get("argv") or []),
+            shard=str(data.get("shard", "")),
+        )

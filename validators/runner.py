@@ -1,0 +1,297 @@
+"""``python -m validators run``: cells -> workers -> results.json, junit.xml, per-cell files.
+
+The runner decides *what* runs here (:mod:`validators.device`), serves
+unchanged cells from the verdict cache (:mod:`validators.cache`), hands the
+rest to the worker pool (:mod:`validators.pool`), turns attempts into one
+:class:`CellResult` each (:mod:`validators.attempts`: failures re-run once in
+a fresh process to tell flaky from broken), and writes every output.  Each
+cell's record is written the moment it is final, so a run killed halfway keeps
+what it finished.
+
+Output folder::
+
+    results.json        RunResults: every cell of this torch version (ran, cached or skipped)
+    junit.xml           one testsuite per op, one testcase per cell
+    cells/<id>.json     one CellResult each, written as the cell finishes
+    logs/<id>.log       the worker's stdout/stderr while it ran the cell (crash and hang dumps too)
+    logs/workers/*.log  each worker's own stderr (start-up problems)
+    run.json            timings, cached cells, and which worker served which cells
+    work/<id>/          the cell's scratch folder (build products, exported packages)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from matrix.cell import Cell
+from matrix.errors import CellsFailed, OpgateError
+from validators import device, env
+from validators.attempts import AttemptView, merge_attempts, wants_retry
+from validators.cache import VerdictCache, environment_identity
+from validators.cache import default_root as default_cache_root
+from validators.device import Gpu, Placement, Plan, plan_cells
+from validators.junit import write_junit
+from validators.pool import Attempt, Pool, Task
+from validators.progress import Progress, format_summary
+from validators.result import CellResult, RunResults, Verdict
+from validators.workerproc import WorkerConfig
+
+#: Per-mode default timeouts (s): compile-heavy modes pay Inductor's first compile.
+DEFAULT_TIMEOUTS: Mapping[str, float] = {
+    "eager": 120.0,
+    "compile": 300.0,
+    "cudagraphs": 300.0,
+    "export": 300.0,
+    "aoti": 600.0,
+    "build": 900.0,
+}
+REPRO_OUT = "/tmp/opgate-repro"  # noqa: S108 - a suggestion printed for humans, never written by opgate
+
+
+@dataclass
+class RunOptions:
+    out: Path
+    config: Path | None = None
+    select: Sequence[str] = ()
+    skip: Sequence[str] = ()
+    ops_paths: Sequence[Path] = ()
+    jobs: int | None = None
+    timeout_s: float | None = None  # overrides every cell's timeout for this run
+    retries: int = 1
+    seed: int | None = None
+    progress: bool = True
+    use_cache: bool = True  # serve unchanged cells' verdicts from the cache (--no-cache: re-run all)
+    cache_dir: Path | None = None
+    argv: Sequence[str] = ()
+
+
+def timeout_for(cell: Cell, cli_timeout: float | None) -> float:
+    """``--timeout`` (this run, explicit) > the cell's ``timeout_s`` override > the mode default."""
+    if cli_timeout is not None:
+        return float(cli_timeout)
+    override = cell.override("timeout_s")
+    return float(override) if override is not None else DEFAULT_TIMEOUTS.get(cell.mode, 300.0)
+
+
+def repro_command(cell_id: str, seed: int | None, options: RunOptions) -> str:
+    """One line that re-runs just this cell with the same inputs (seed) and op folders."""
+    quoted = f"'{cell_id}'" if shlex.quote(cell_id) == cell_id else shlex.quote(cell_id)
+    parts = ["python -m validators run", f"--select {quoted}"]
+    if seed is not None:
+        parts.append(f"--seed {seed}")
+    if options.config is not None:
+        parts.append(f"--config {shlex.quote(str(Path(options.config).resolve()))}")
+    parts += [f"--ops-path {shlex.quote(str(Path(p).resolve()))}" for p in options.ops_paths]
+    parts.append(f"--out {REPRO_OUT}")
+    return " ".join(parts)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def _clear_outputs(out: Path) -> None:
+    """Drop the per-cell files of a previous run in the same folder (only files opgate writes)."""
+    for pattern in ("cells/*.json", "logs/*.log", "logs/workers/*.log"):
+        for stale in out.glob(pattern):
+            stale.unlink()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Runner:
+    """One ``validators run``: plan, serve cached verdicts, run the pool, write every output."""
+
+    def __init__(self, options: RunOptions, python: str = sys.executable) -> None:
+        self.options = options
+        self.python = python
+        self.out = Path(options.out)
+        self.ops_paths = [Path(p).resolve() for p in options.ops_paths]
+        self._rng = random.SystemRandom()
+        self._env: dict[str, Any] | None = None
+        self._probe: dict[str, Any] | None = None
+        self._pool: Pool | None = None
+        self._cache: VerdictCache | None = None
+        self._specs: dict[str, Any] = {}
+        self._plan = Plan()
+        self.cached: list[str] = []
+        self.results: dict[str, CellResult] = {}
+        self.timings: dict[str, float] = {}
+
+    def env(self) -> dict[str, Any]:
+        """The run's fingerprint: the GPU probe's, a worker's, a cached record's, or a late probe's."""
+        if self._env is not None:
+            return self._env
+        fp = self._probe or (self._pool.fingerprint if self._pool else {})
+        fp = fp or (self.results[self.cached[0]].env if self.cached else {})
+        if not fp:
+            try:
+                fp = env.probe(self.python)
+            except (OSError, RuntimeError, ValueError) as exc:
+                fp = {"error": f"environment probe failed: {exc}", "env_key": "unknown"}
+        found = {v: p for v, p in self._plan.nvcc.items() if p}
+        self._env = {**fp, "nvcc": {**(fp.get("nvcc") or {}), **found}} if found else dict(fp)
+        return self._env
+
+    def execute(self) -> tuple[RunResults, int]:
+        t0, started = time.monotonic(), _now()
+        gpus = self._prepare()
+        placements = self._plan.placements
+        runnable = [c for c in self._plan.cells if placements[c.id].kind and not self._serve_cached(c)]
+        tasks = [self._task(c, placements[c.id]) for c in runnable]
+        self.timings["plan_s"] = time.monotonic() - t0
+        self._run(tasks, gpus)
+        for cell in self._plan.cells:
+            reason = self._plan.placements[cell.id].skip_reason
+            if cell.id not in self.results and reason:
+                self._store(
+                    CellResult(cell, Verdict.SKIP, self.env(), reason=reason, repro=self._repro(cell, None))
+                )
+        run = RunResults(
+            cells=[self.results[c.id] for c in self._plan.cells if c.id in self.results],
+            env=self.env(),
+            started_at=started,
+            finished_at=_now(),
+            argv=list(self.options.argv),
+        )
+        run.write(self.out / "results.json")
+        write_junit(run, self.out / "junit.xml")
+        self.timings["wall_s"] = time.monotonic() - t0
+        _write_json(self.out / "run.json", self._run_record(run))
+        other, wall = self._plan.other_torch, self.timings["wall_s"]
+        print(format_summary(run, wall, other, self.out, cached=len(self.cached)))
+        return run, (CellsFailed.exit_code if any(c.verdict.is_bad for c in run.cells) else 0)
+
+    def _prepare(self) -> list[Gpu]:
+        """Cells and specs, the GPU probe (only where a GPU may exist), the plan, the cache."""
+        from matrix import load_cells
+        from ops.spec import load_specs
+
+        opts = self.options
+        cells = load_cells(opts.config, self.ops_paths, list(opts.select), list(opts.skip))
+        self._specs = dict(load_specs(self.ops_paths))
+        if device.gpu_hardware_possible():
+            t = time.monotonic()
+            try:
+                self._probe = env.probe(self.python)
+            except (OSError, RuntimeError, ValueError) as exc:
+                raise OpgateError(f"cannot probe this machine's GPUs: {exc}") from exc
+            self.timings["probe_s"] = time.monotonic() - t
+        gpus = device.gpus_from_fingerprint(self._probe or {})
+        finder = device.default_nvcc_finder()
+        self._plan = plan_cells(cells, self._specs, device.installed_torch(), gpus, finder)
+        identity = environment_identity((self._probe or {}).get("gpus") or [], self._plan.nvcc)
+        self._cache = VerdictCache(opts.cache_dir or default_cache_root(), identity)
+        self.out.mkdir(parents=True, exist_ok=True)
+        _clear_outputs(self.out)
+        return gpus
+
+    def _serve_cached(self, cell: Cell) -> bool:
+        """Serve an unchanged cell's verdict; never with ``--seed`` (a repro asks for those very inputs)."""
+        if not self.options.use_cache or self.options.seed is not None or self._cache is None:
+            return False
+        hit = self._cache.get(cell, self._specs[cell.op], self._log(cell))
+        if hit is not None:
+            self.cached.append(cell.id)
+            self._store(hit)
+        return hit is not None
+
+    def _run(self, tasks: list[Task], gpus: Sequence[Gpu]) -> None:
+        opts = self.options
+        jobs = opts.jobs or device.default_jobs()
+        config = WorkerConfig(
+            logs=self.out / "logs" / "workers",
+            ops_paths=self.ops_paths,
+            threads=device.threads_per_worker(jobs + len(gpus)),
+            python=self.python,
+        )
+        self._pool = pool = Pool(config, jobs, gpus, keep_spare=opts.retries > 0)
+        progress = Progress(len(tasks), enabled=opts.progress)
+        attempts: dict[str, list[AttemptView]] = {}
+
+        def on_done(task: Task, attempt: Attempt) -> list[Task]:
+            view = AttemptView.of(attempt)
+            views = attempts.setdefault(task.cell.id, [])
+            views.append(view)
+            if wants_retry(view, task.attempt, opts.retries):
+                return [replace(task, attempt=task.attempt + 1, fresh=True)]
+            self._record(task.cell, views, task.seed)
+            progress.update(self.results[task.cell.id])
+            return []
+
+        t = time.monotonic()
+        try:
+            pool.run(tasks, on_done)
+        finally:
+            progress.close()
+            self.timings["pool_s"] = time.monotonic() - t
+            self.timings["shutdown_s"] = pool.shutdown_s
+
+    def _task(self, cell: Cell, placement: Placement) -> Task:
+        seed = self.options.seed if self.options.seed is not None else self._rng.randrange(2**31)
+        return Task(
+            cell=cell,
+            kind=str(placement.kind),
+            arch=placement.arch,
+            seed=seed,
+            timeout_s=timeout_for(cell, self.options.timeout_s),
+            log=self._log(cell),
+            workdir=self.out / "work" / cell.id,
+            fresh=placement.isolate,
+        )
+
+    def _log(self, cell: Cell) -> Path:
+        return self.out / "logs" / f"{cell.id}.log"
+
+    def _repro(self, cell: Cell, seed: int | None) -> str:
+        return repro_command(cell.id, seed, self.options)
+
+    def _record(self, cell: Cell, views: Sequence[AttemptView], seed: int) -> None:
+        verdict, checks, kernels, reason = merge_attempts(views)
+        result = CellResult(
+            cell=cell,
+            verdict=verdict,
+            env=self.env(),
+            checks=checks,
+            kernels=kernels,
+            duration_s=sum(v.duration_s for v in views),
+            reason=reason,
+            seed=seed,
+            repro=self._repro(cell, seed),
+            attempts=len(views),
+        )
+        self._store(result)
+        if self._cache is not None:
+            self._cache.put(result, self._specs[cell.op], self._log(cell))
+
+    def _store(self, result: CellResult) -> None:
+        self.results[result.id] = result
+        _write_json(self.out / "cells" / f"{result.id}.json", result.to_json())
+
+    def _run_record(self, run: RunResults) -> dict[str, Any]:
+        """Where the time went (harness overhead vs cell time) and which workers served which cells."""
+        pool = self._pool
+        workers = [w.record(pool.t0) for w in pool.workers] if pool else []
+        ran = [c for c in run.cells if c.id not in set(self.cached)]
+        return {
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "cells_s": round(sum(c.duration_s for c in ran), 3),
+            "worker_startup_s": round(sum(w["startup_s"] for w in workers), 3),
+            "other_torch_cells": self._plan.other_torch,
+            "cached_cells": self.cached,
+            "workers": workers,
+        }

@@ -1,0 +1,263 @@
+"""A long-lived worker process that runs cells, and the parent's handle on it.
+
+Why a process per worker, reused across cells: importing torch (and warming
+Triton, Inductor) costs seconds, so one process serves many cells of the same
+environment; but a cell may segfault (AOTInductor loaders do), hang, or leave a
+sticky CUDA error, so the *process* is the unit of failure.  When it dies, only
+the cell it was running is charged (``error``, naming the signal), and the pool
+starts a fresh one.
+
+Protocol, JSON lines: the parent writes tasks to the worker's stdin; the worker
+answers on a private copy of its original stdout (fd 1 itself is pointed at
+stderr, so an op that prints cannot corrupt the channel).  Messages::
+
+    worker -> {"type": "hello", "pid", "kind", "startup_s", "fingerprint"}
+    parent -> {"cell", "seed", "attempt", "log", "workdir", "timeout_s"}
+    worker -> {"type": "result", "id", "outcome": {checks, kernels, reason, verdict}, "duration_s",
+               "healthy", "unhealthy_reason"}
+
+While a cell runs, fds 1 and 2 point at its log file, so Python tracebacks,
+C-level prints and faulthandler's dump of a crash or hang land in
+``DIR/logs/<id>.log``.  The parent stops a worker by closing stdin, and kills a
+hung one (whole process group) after a ``SIGUSR1`` stack dump.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import ctypes
+import faulthandler
+import json
+import math
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+#: Process-wide switches a worker must have before torch/triton are imported.
+CPU_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+BUILD_ENV = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def jsonable(value: Any) -> Any:
+    """Strict-JSON form of check details: NaN/Inf become strings (browsers reject bare NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item):
+        with contextlib.suppress(Exception):
+            return jsonable(item())
+    return str(value)
+
+
+def outcome_json(outcome: Any) -> dict[str, Any]:
+    """``validators.checks.CellOutcome`` -> wire form (the parent rebuilds CheckResults)."""
+    verdict = getattr(outcome, "verdict", None)
+    return {
+        "checks": [jsonable(c.to_json()) for c in outcome.checks],
+        "kernels": [str(k) for k in outcome.kernels],
+        "reason": str(getattr(outcome, "reason", "") or ""),
+        "verdict": None if verdict is None else str(getattr(verdict, "value", verdict)),
+    }
+
+
+def error_outcome(reason: str) -> dict[str, Any]:
+    return {"checks": [], "kernels": [], "reason": reason, "verdict": "error"}
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker if the parent dies, so no orphan holds a GPU."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Point fds 1 and 2, and ``sys.stdout``/``sys.stderr``, at ``path`` for the duration.
+
+    File descriptors catch C-level output (and faulthandler's crash dump);
+    the Python streams are swapped too, in case a library replaced them.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    streams = (sys.stdout, sys.stderr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - closed in finally
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+            stream.close()
+        sys.stdout, sys.stderr = streams
+        for target, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, target)
+            os.close(copy)
+
+
+def _health(kind: str) -> str:
+    """Why the device is no longer usable (a sticky CUDA error poisons every later cell), or ""."""
+    if kind != "cuda":
+        return ""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device="cuda").add_(1).item()
+        torch.cuda.empty_cache()
+    except Exception as exc:  # noqa: BLE001 - any failure here means the context is gone
+        return f"sticky CUDA error after this cell: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return ""
+
+
+def _reset_between_cells() -> None:
+    """Give the next cell what a fresh process would: no compiled graphs, no cached guards."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        with contextlib.suppress(Exception):
+            dynamo.reset()
+
+
+RunCell = Callable[..., Any]
+
+
+def run_task(
+    task: Mapping[str, Any], specs: Mapping[str, Any], run_cell: RunCell, kind: str
+) -> dict[str, Any]:
+    """Run one cell in this process; always returns a result message (crashes kill us instead)."""
+    from matrix.cell import Cell
+
+    cell = Cell.from_json(task["cell"])
+    log = Path(task["log"])
+    workdir = Path(task["workdir"])
+    workdir.mkdir(parents=True, exist_ok=True)
+    device = "cuda:0" if kind == "cuda" else "cpu"
+    t0 = time.perf_counter()
+    with _output_to(log):
+        print(
+            f"=== {cell.id} attempt {task['attempt']} seed {task['seed']} "
+            f"worker pid {os.getpid()} ({kind}, {device})",
+            file=sys.stderr,
+            flush=True,
+        )
+        spec = specs.get(cell.op)
+        if spec is None:
+            outcome = error_outcome(f"op {cell.op!r} has no spec in this worker")
+        else:
+            root = str(getattr(spec, "root", "") or "")
+            if root and root not in sys.path:
+                sys.path.insert(0, root)
+            try:
+                outcome = outcome_json(run_cell(cell, spec, device, int(task["seed"]), workdir))
+            except Exception as exc:  # noqa: BLE001 - a validator bug must not take other cells down
+                traceback.print_exc()
+                first = (str(exc).splitlines() or [""])[0][:300]
+                outcome = error_outcome(f"validator raised {type(exc).__name__}: {first}")
+        unhealthy = _health(kind)
+        if unhealthy:
+            print(unhealthy, file=sys.stderr)
+        _reset_between_cells()
+    if unhealthy:
+        outcome = {**outcome, "verdict": "error", "reason": unhealthy}
+    return {
+        "type": "result",
+        "id": cell.id,
+        "outcome": outcome,
+        "duration_s": time.perf_counter() - t0,
+        "healthy": not unhealthy,
+    }
+
+
+def _channel() -> IO[str]:
+    """Keep the real stdout for the protocol; send everything printed to stderr instead."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    return proto
+
+
+def _send(channel: IO[str], msg: Mapping[str, Any]) -> None:
+    channel.write(json.dumps(msg, allow_nan=False) + "\n")
+    channel.flush()
+
+
+def serve(argv: Sequence[str] | None = None) -> int:
+    """Worker entry point: start up once, then run tasks from stdin until it closes."""
+    ap = argparse.ArgumentParser(prog="python -m validators.worker")
+    ap.add_argument("--kind", choices=("cpu", "cuda", "build"), required=True)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--ops-path", action="append", default=[], type=Path)
+    args = ap.parse_args(argv)
+    channel = _channel()
+    _die_with_parent()
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    t0 = time.perf_counter()
+    if args.kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("cpu worker started without TRITON_INTERPRET=1", file=sys.stderr)
+        return 2
+    import torch
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    with contextlib.suppress(ImportError):
+        import triton  # noqa: F401 - pay its import once, before the first cell's timeout starts
+    with contextlib.suppress(ImportError):
+        import torch._dynamo
+
+    from ops.spec import load_specs
+    from validators.checks import run_cell
+    from validators.env import fingerprint
+
+    specs = load_specs(list(args.ops_path))
+    hello = {
+        "type": "hello",
+        "pid": os.getpid(),
+        "kind": args.kind,
+        "startup_s": round(time.perf_counter() - t0, 3),
+        "fingerprint": jsonable(fingerprint()),
+    }
+    _send(channel, hello)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        reply = run_task(json.loads(line), specs, run_cell, args.kind)
+        _send(channel, jsonable(reply))
+        if not reply["healthy"]:
+            return 3
+    return 0
+
+
+def main() -> None:
+    """Serve, then exit without tearing the interpreter down (torch's teardown costs ~1 s per worker).
+
+    atexit handlers still run (Inductor's compile pools shut down cleanly); the
+    per-cell results are already on the parent's side of the pipe.
+    """
+    code = serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The parent's handle on one worker process, and how a worker of each kind is started.
+
+Kept apart from the scheduler (:mod:`validators.pool`) so that the process
+mechanics (own process group, non-blocking JSON-line reads, stack dump then
+SIGKILL of the whole group) are in one small place.  The environment per
+kind is decided here because it must be fixed *before* the worker imports
+torch/triton: ``TRITON_INTERPRET=1`` and no GPUs for cpu workers, one
+``CUDA_VISIBLE_DEVICES`` index per cuda worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from validators.device import Gpu
+from validators.env import worker_pythonpath
+from validators.worker import BUILD_ENV, CPU_ENV
+
+
+def exit_description(returncode: int | None) -> str:
+    """``-11`` -> "worker killed by SIGSEGV"; ``3`` -> "worker exited with code 3"."""
+    if returncode is None:
+        return "worker vanished"
+    if returncode < 0:
+        try:
+            return f"worker killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"worker killed by signal {-returncode}"
+    return f"worker exited with code {returncode}"
+
+
+class WorkerProcess:
+    """Parent-side handle: spawn, send a task, read replies without blocking, kill."""
+
+    def __init__(self, name: str, kind: str, argv: Sequence[str], env: Mapping[str, str], log: Path) -> None:
+        self.name, self.kind, self.log = name, kind, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as err:
+            self.proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=dict(env),
+                start_new_session=True,  # own process group: a kill takes its children too
+            )
+        assert self.proc.stdout is not None
+        self.fd = self.proc.stdout.fileno()
+        os.set_blocking(self.fd, False)
+        self.started = time.monotonic()
+        self.ready_at = 0.0
+        self.ready = False
+        self.eof = False
+        self.fingerprint: dict[str, Any] = {}
+        self.startup_s = 0.0
+        self.cells: list[str] = []
+        self.end = ""
+        self.garbled = 0
+        self.retiring = False  # stdin closed on purpose: an exit before hello is no start-up failure
+        self._buf = b""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return not self.eof and not self.retiring and self.proc.poll() is None
+
+    def hello(self, msg: Mapping[str, Any]) -> None:
+        self.ready = True
+        self.ready_at = time.monotonic()
+        self.startup_s = float(msg.get("startup_s", 0.0))
+        self.fingerprint = dict(msg.get("fingerprint") or {})
+
+    def send(self, msg: Mapping[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def read(self) -> list[dict[str, Any]]:
+        """Complete messages available now; sets ``eof`` when the worker closed its end."""
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self.eof = True
+                break
+            self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        messages = []
+        for line in lines:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                msg = None
+            if isinstance(msg, dict):
+                messages.append(msg)
+            elif line.strip():
+                self.garbled += 1  # not the protocol: never trusted, never fatal to the run
+        return messages
+
+    def dump_stacks(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGUSR1)
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def kill(self) -> int | None:
+        self._kill_group()
+        return self.wait()
+
+    def wait(self, timeout: float = 10.0) -> int | None:
+        """Reap the worker (killing it after ``timeout``), then whatever it left in its group."""
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._kill_group()
+            rc = self.proc.wait(timeout)
+        self._kill_group()  # e.g. Inductor compile subprocesses orphaned by a crash
+        return rc
+
+    def release(self) -> None:
+        """Close the parent's pipe ends (after the worker is gone)."""
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError, ValueError):
+                if pipe is not None:
+                    pipe.close()
+
+    def close(self) -> None:
+        """Polite stop: EOF on stdin ends the serve loop."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+
+    def record(self, t0: float) -> dict[str, Any]:
+        """For run.json: which cells it served, how it ended, and when (s since ``t0``)."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "pid": self.pid,
+            "spawned_s": round(self.started - t0, 3),
+            "ready_s": round(self.ready_at - t0, 3) if self.ready else None,
+            "startup_s": self.startup_s,
+            "cells": self.cells,
+            "end": self.end or exit_description(self.proc.returncode),
+        }
+
+
+@dataclass
+class WorkerConfig:
+    """How to start a worker: interpreter, entry module, op folders, threads, where its stderr goes.
+
+    ``module`` speaks the protocol of :mod:`validators.worker`; the pool's own
+    tests swap in a torch-free stand-in to exercise scheduling in milliseconds.
+    """
+
+    logs: Path
+    ops_paths: Sequence[Path] = ()
+    threads: int = 0
+    python: str = sys.executable
+    module: str = "validators.worker"
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def argv(self, kind: str) -> list[str]:
+        argv = [self.python, "-m", self.module, "--kind", kind, "--threads", str(self.threads)]
+        for p in self.ops_paths:
+            argv += ["--ops-path", str(p)]
+        return argv
+
+    def env(self, kind: str, gpu: Gpu | None) -> dict[str, str]:
+        env = {**os.environ, **self.extra_env, "PYTHONPATH": worker_pythonpath(), "PYTHONUNBUFFERED": "1"}
+        if self.threads:
+            env["OMP_NUM_THREADS"] = str(self.threads)
+        if kind == "cpu":
+            env.update(CPU_ENV)
+        elif kind == "build":
+            env.update(BUILD_ENV)
+            env.pop("TRITON_INTERPRET", None)
+        else:
+            env.pop("TRITON_INTERPRET", None)
+            env["CUDA_VISIBLE_DEVICES"] = visible_device(gpu.index if gpu else 0)
+        return env
+
+
+def visible_device(index: int, parent: str | None = None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value that shows a worker the parent's GPU ``index`` alone.
+
+    The probe numbers GPUs as the parent sees them; when the parent itself runs
+    under ``CUDA_VISIBLE_DEVICES=2,3``, its GPU 0 is physical 2 (or a UUID).
+    """
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES") if parent is None else parent
+    listed = [d.strip() for d in (parent or "").split(",") if d.strip()]
+    return listed[index] if index < len(listed) else str(index)
