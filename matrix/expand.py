@@ -87,7 +87,7 @@ def _impl_cells(config: MatrixConfig, spec: OpSpec, impl: ImplSpec, torches: Seq
                 for mode in modes:
                     if mode in GPU_ONLY_MODES and arch == "cpu":
                         continue
-                    if mode != "build" and cuda not in config.cuda:
+                    if mode != "build" and arch != "cpu" and cuda not in config.cuda:
                         continue  # a build_cuda version: binary evidence only
                     if mode == "build":
                         if impl.kind in BUILD_KINDS:

@@ -41,7 +41,7 @@ MARKER = "opgate-build.json"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-class CudaBuildUnsupported(Exception):  # noqa: N818 (a verdict name, not an error)
+class CudaBuildUnsupported(Exception):
     """This torch cannot build or load a CUDA extension with this nvcc (an ``unsupported`` verdict)."""
 
 

@@ -5,7 +5,7 @@ layout the caller hands over — transposed, sliced, offset, broadcast — witho
 hidden ``.contiguous()``.  Instead of copying, the leading dimensions of all the
 tensors an op touches are *jointly* collapsed into at most three (size, stride)
 pairs, and the kernel turns a flat row index back into a memory offset with
-:func:`row_offset`.  The common contiguous case collapses to one leading
+:func:`ops._triton_device.row_offset`.  The common contiguous case collapses to one leading
 dimension and pays no integer division at all (``NLEAD`` is a constexpr).
 
 Launch parameters are chosen by heuristic, never by autotuning: autotuning under
@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 #: At most this many leading (row) dimensions survive collapsing; 4-d inputs always fit.
@@ -152,7 +151,7 @@ class Rows:
 
     ``sizes`` = (R1, R2): inner sizes for decoding a flat row index;
     ``strides[i]`` = (s0, s1, s2) of tensor ``i`` (zeros for unused slots);
-    ``nlead`` in 1..3 selects the decode in :func:`row_offset`.
+    ``nlead`` in 1..3 selects the decode in :func:`ops._triton_device.row_offset`.
     """
 
     n_rows: int
@@ -227,63 +226,6 @@ def check_same_device(op: str, tensors: dict[str, torch.Tensor]) -> None:
     )
 
 
-@triton.jit
-def row_offset(row, R1, R2, s0, s1, s2, NLEAD: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: PLR0917 (Triton kernels take positional args)
-    """Memory offset (int64) of flat row index ``row`` (see :class:`Rows`)."""
-    if NLEAD == 1:
-        off = row.to(tl.int64) * s0
-    elif NLEAD == 2:
-        off = (row // R1).to(tl.int64) * s0 + (row % R1).to(tl.int64) * s1
-    else:
-        i2 = row % R2
-        rest = row // R2
-        off = (rest // R1).to(tl.int64) * s0 + (rest % R1).to(tl.int64) * s1 + i2.to(tl.int64) * s2
-    return off
-
-
-@triton.jit
-def load_tile(ptr, rows, cols, mask, R1, R2, s0, s1, s2, sn, NLEAD: tl.constexpr, ACC: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: PLR0917 (Triton kernels take positional args)
-    """Load a [rows x cols] tile of a strided tensor as ``ACC`` (zeros where masked)."""
-    return load_tile_raw(ptr, rows, cols, mask, R1, R2, s0, s1, s2, sn, NLEAD).to(ACC)
-
-
-@triton.jit
-def load_tile_raw(ptr, rows, cols, mask, R1, R2, s0, s1, s2, sn, NLEAD: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: PLR0917 (Triton kernels take positional args)
-    """Load a tile in the tensor's own dtype (prefetched tiles stay narrow in registers)."""
-    off = row_offset(rows, R1, R2, s0, s1, s2, NLEAD)
-    ptrs = ptr + off[:, None] + cols[None, :].to(tl.int64) * sn
-    return tl.load(ptrs, mask=mask, other=0.0)
-
-
-@triton.jit
-def _reduce_partials_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917 (Triton kernels take positional args)
-    part_ptr, out_ptr, G, N, stride_g, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, RNE: tl.constexpr
-):
-    """out[n] = sum_g part[g, n] in a fixed order: the deterministic second stage of dw/db."""
-    pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    acc = tl.zeros([BLOCK_G, BLOCK_N], part_ptr.dtype.element_ty)
-    for g0 in range(0, G, BLOCK_G):
-        g = g0 + tl.arange(0, BLOCK_G)
-        ptrs = part_ptr + g[:, None].to(tl.int64) * stride_g + cols[None, :]
-        acc += tl.load(ptrs, mask=(g[:, None] < G) & cmask[None, :], other=0.0)
-    tl.store(out_ptr + cols, round_to(tl.sum(acc, axis=0), out_ptr.dtype.element_ty, RNE), mask=cmask)
-
-
-def reduce_partials(partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Sum a (G, N) partial buffer (row stride arbitrary, unit column stride) into ``out`` (N,)."""
-    g, n = partial.shape
-    # GPU: narrow column blocks so that even N = 4096 spreads over 128 programs
-    block_n = min(next_pow2(n), 1024 if interpreting() else (32 if n <= 16384 else 128))
-    block_g = min(next_pow2(g), 64 if interpreting() else 32)
-    grid = (cdiv(n, block_n),)
-    _reduce_partials_kernel[grid](
-        partial, out, g, n, partial.stride(0), BLOCK_G=block_g, BLOCK_N=block_n, RNE=needs_rne(out)
-    )
-    return out
-
-
 def partial_dtype(*outputs: torch.dtype) -> torch.dtype:
     """Accumulator of the dw/db partial sums: float64 when a weight gradient is float32/64.
 
@@ -297,25 +239,8 @@ def partial_dtype(*outputs: torch.dtype) -> torch.dtype:
 
 
 def needs_rne(*outputs: torch.Tensor) -> bool:
-    """True when bfloat16 stores must be rounded by hand (see :func:`round_to`)."""
+    """True when bfloat16 stores must be rounded by hand (see :func:`ops._triton_device.round_to`)."""
     return interpreting() and any(t.dtype == torch.bfloat16 for t in outputs)
-
-
-@triton.jit
-def round_to(y, dtype: tl.constexpr, RNE: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Cast ``y`` to ``dtype`` with round-to-nearest-even.
-
-    Why: Triton's CPU interpreter converts float32 -> bfloat16 by truncation,
-    which doubles the rounding error and would fail the tolerance rule on CPU
-    only.  With ``RNE`` (set only under the interpreter for bfloat16 outputs) the
-    value is rounded in integer arithmetic first, so the final cast is exact.
-    On the GPU ``RNE`` is False and the hardware conversion (already RNE) is used.
-    """
-    if RNE:
-        u = y.to(tl.float32).to(tl.uint32, bitcast=True)
-        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-        y = u.to(tl.float32, bitcast=True)
-    return y.to(dtype)
 
 
 def build_signature(
@@ -343,18 +268,3 @@ def build_signature(
         else:
             signature[name] = "fp32" if name == "eps" else "i32"
     return {"signature": signature, "constexprs": dict(constexprs), "options": {"num_warps": num_warps}}
-
-
-@triton.jit
-def inv_sqrt(v, ACC: tl.constexpr):  # type: ignore[no-untyped-def]
-    """1 / sqrt(v) with a correctly rounded square root.
-
-    ``tl.sqrt`` is the fast approximation in float32; its few-ulp error in rstd is
-    shared by every element of a row and adds up coherently in dw, which then
-    misses the float32 tolerance (seen on the H200).  float64 sqrt is always exact.
-    """
-    if ACC == tl.float64:  # noqa: SIM108, SIM300 (a constexpr branch, resolved at compile time)
-        r = 1.0 / tl.sqrt(v)
-    else:
-        r = 1.0 / tl.sqrt_rn(v)
-    return r

@@ -87,7 +87,10 @@ def test_unreadable_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_listing_parser_and_arch_names() -> None:
-    text = "ELF file    1: ext.1.sm_80.cubin\nELF file    2: ext.2.sm_90a.cubin\nPTX file    1: ext.1.sm_90.ptx\n"
+    text = (
+        "ELF file    1: ext.1.sm_80.cubin\nELF file    2: ext.2.sm_90a.cubin\n"
+        "PTX file    1: ext.1.sm_90.ptx\n"
+    )
     assert parse_listing(text) == (["ext.1.sm_80.cubin", "ext.2.sm_90a.cubin"], ["ext.1.sm_90.ptx"])
     assert arch_of("k.sm_90a.cubin") == "sm_90a"
     assert arch_of("no arch here") is None

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (embedded child-process source and signature tables)
 """The mode-"build" check: Triton cross-compiles, CUDA C++ arch coverage, and the verdicts it gives."""
 
 from __future__ import annotations

@@ -183,3 +183,16 @@ def test_compile_signature_separates_what_dynamo_guards_on() -> None:
     assert signature(s((67, 1000))) == signature(s((8, 4096)))  # symbolic sizes: one graph
     assert signature(s((67, 1000))) != signature(s((1, 4096)))  # size 1 is specialized
     assert signature(s((67, 1000))) != signature(s((67, 1000), flag=1))  # constants are guarded
+
+
+def test_compile_signature_knows_duck_sizing() -> None:
+    """M == storage offset in one shape but not the next is a legitimate guard failure, not a bug."""
+    from ops.base import SampleInput
+    from validators.checks.compile import signature
+    from validators.layouts import apply_layout
+
+    def s(shape: tuple[int, int]) -> SampleInput:
+        return apply_layout(SampleInput(args=(torch.ones(shape),), layout_args=(0,)), "offset")
+
+    assert signature(s((40, 4096))) != signature(s((8, 2048)))  # offset 40 == M only in the first
+    assert signature(s((67, 1000))) == signature(s((8, 2048)))

@@ -93,6 +93,19 @@ def test_arch_cuda_rules(small: MatrixConfig, specs: dict[str, OpSpec]) -> None:
     assert len(cells) == 18 + 2 * 28
 
 
+def test_build_cuda_versions_reach_build_cells_only(small: MatrixConfig, specs: dict[str, OpSpec]) -> None:
+    """``build_cuda`` adds nvcc versions to the binary evidence without a runtime column."""
+    cfg = dataclasses.replace(small, build_cuda=("13.2",))
+    cells = expand(cfg, specs, TORCH)
+    assert sorted(c.id for c in cells if c.cuda == "13.2") == [
+        "toy.cu-pt2.13-cu13.2-sm_90-all-all-build",
+        "toy.tri-pt2.13-cu13.2-sm_90-all-all-build",
+    ]
+    assert len(cells) == len(expand(small, specs, TORCH)) + 2
+    same = dataclasses.replace(small, build_cuda=("13.0",))
+    assert ids(expand(same, specs, TORCH)) == ids(expand(small, specs, TORCH))
+
+
 def test_gpu_only_modes_and_build_cells(small: MatrixConfig, specs: dict[str, OpSpec]) -> None:
     cells = expand(dataclasses.replace(small, arch=("cpu", "sm_80", "sm_90")), specs, TORCH)
     assert all(c.is_gpu for c in cells if c.mode in ("cudagraphs", "build"))

@@ -45,7 +45,7 @@ def test_key_follows_op_sources_overrides_and_environment(tmp_path: Path) -> Non
     assert cache.key(overridden, spec) != key
     gpu_env = environment_identity([{"name": "NVIDIA H200", "capability": "9.0"}], {})
     assert VerdictCache(tmp_path / "cache", gpu_env).key(cell, spec) != key
-    (ops / "fx_common.py").write_text((ops / "fx_common.py").read_text() + "\n# shared helper edited\n")
+    (ops / "fx_common.py").write_text((ops / "fx_common.py").read_text() + "\n# shared module edited\n")
     assert VerdictCache(tmp_path / "cache", env).key(cell, spec) != key
     other_op = Spec(ops / "fx_hang" / "spec.yaml")
     before = VerdictCache(tmp_path / "cache", env).key(cell, other_op)

@@ -47,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
     run.add_argument("--jobs", type=_positive(int), help="host worker processes (default: half the cores)")
+    run.add_argument(
+        "--gpu-workers",
+        type=_positive(int),
+        default=1,
+        help="worker processes per GPU (default 1; perf timings are only trustworthy with 1)",
+    )
     run.add_argument("--timeout", type=_positive(float), metavar="S", help="per-cell timeout for every cell")
     run.add_argument("--retries", type=int, default=1, choices=range(4), help="re-runs of a failed cell")
     run.add_argument(
@@ -59,6 +65,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--cache-dir", type=Path, metavar="DIR", help="verdict cache ($OPGATE_CACHE, .opgate-cache)"
     )
+    collect = sub.add_parser(
+        "collect", help="write results.json and junit.xml from the cells/ of an interrupted run"
+    )
+    collect.add_argument("--out", type=Path, required=True, metavar="DIR", help="the run's output folder")
     return ap
 
 
@@ -74,6 +84,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OpgateError as err:
         print(err.message(), file=sys.stderr)
         return err.exit_code
+    if args.command == "collect":
+        from validators.collect import collect as collect_cells
+
+        try:
+            done = collect_cells(args.out, note="collected after the run")
+        except OpgateError as err:
+            print(err.message(), file=sys.stderr)
+            return err.exit_code
+        print(f"{len(done.cells)} cells -> {args.out / 'results.json'}, {args.out / 'junit.xml'}")
+        return 0
     from validators.runner import Runner, RunOptions
 
     options = RunOptions(
@@ -83,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         skip=args.skip,
         ops_paths=args.ops_path,
         jobs=args.jobs,
+        gpu_workers=args.gpu_workers,
         timeout_s=args.timeout,
         retries=args.retries,
         seed=args.seed,
@@ -98,7 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(err.message(), file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print(f"interrupted: the cells that finished are in {args.out / 'cells'}", file=sys.stderr)
+        from validators.collect import collect
+
+        try:
+            done = collect(args.out, list(options.argv))
+        except OpgateError:
+            print("interrupted before any cell finished", file=sys.stderr)
+        else:
+            print(
+                f"interrupted: {len(done.cells)} finished cells written to {args.out / 'results.json'}",
+                file=sys.stderr,
+            )
         return 130
     return code
 

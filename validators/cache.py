@@ -9,7 +9,7 @@ everything (and refreshes the cache).
 What goes into the key, and why:
 
 * **op sources**: every source file in the op's folder, plus the loose
-  ``*.py`` files next to that folder (``ops/base.py``, shared helpers), plus
+  ``*.py`` files next to that folder (``ops/base.py``, shared utilities), plus
   the installed version of every distribution the implementation requires;
 * **validators**: every ``*.py`` of the ``validators`` package (a new check
   or a fixed tolerance rule re-judges everything);

@@ -95,12 +95,12 @@ NvccFinder = Callable[[str], "str | os.PathLike[str] | None"]
 
 
 def default_nvcc_finder() -> NvccFinder | None:
-    """``validators.toolchain.find_nvcc`` when the build toolchain module is present."""
+    """``validators.toolchain.provide_nvcc`` (finds or installs) when the toolchain module is present."""
     try:
         toolchain = importlib.import_module("validators.toolchain")
     except ImportError:
         return None
-    finder: NvccFinder | None = getattr(toolchain, "find_nvcc", None)
+    finder: NvccFinder | None = getattr(toolchain, "provide_nvcc", None)
     return finder
 
 

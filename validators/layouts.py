@@ -26,8 +26,9 @@ import torch
 from matrix.cell import LAYOUTS
 from ops.base import SampleInput
 
-#: Storage offset (elements) of the ``offset`` layout: large enough to matter, still 16-byte aligned.
-OFFSET_ELEMENTS = 16
+#: Storage offset (elements) of the ``offset`` layout: a multiple of 8 (16-byte aligned for every dtype),
+#: and a value unlikely to equal a dim (equal ints share one symbol under torch.compile: a needless guard).
+OFFSET_ELEMENTS = 40
 #: Storage offset of the ``misaligned`` layout: one element, so the base pointer loses 16-byte alignment.
 MISALIGN_ELEMENTS = 1
 #: Alignment (bytes) the misaligned base pointer must break (vectorised loads need 16).

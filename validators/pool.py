@@ -89,14 +89,23 @@ class Pool:
     """Runs tasks on lanes; ``on_done`` gets each attempt and may return follow-up tasks."""
 
     def __init__(
-        self, config: WorkerConfig, host_lanes: int, gpus: Sequence[Gpu] = (), keep_spare: bool = False
+        self,
+        config: WorkerConfig,
+        host_lanes: int,
+        gpus: Sequence[Gpu] = (),
+        keep_spare: bool = False,
+        gpu_workers: int = 1,
     ) -> None:
         self.config = config
         self.keep_spare = keep_spare  # re-runs are likely: keep a fresh worker warm on every busy lane
         self.t0 = time.monotonic()
         self.shutdown_s = 0.0
         self.lanes = [Lane(f"cpu{i}") for i in range(max(1, host_lanes))]
-        self.lanes += [Lane(f"gpu{g.index}", gpu=g) for g in gpus]
+        self.lanes += [
+            Lane(f"gpu{g.index}" + (f".{k}" if k else ""), gpu=g)
+            for k in range(max(1, gpu_workers))
+            for g in gpus
+        ]
         self.workers: list[WorkerProcess] = []
         self.fingerprint: dict[str, Any] = {}
         self._sel = selectors.DefaultSelector()

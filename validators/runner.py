@@ -65,6 +65,7 @@ class RunOptions:
     skip: Sequence[str] = ()
     ops_paths: Sequence[Path] = ()
     jobs: int | None = None
+    gpu_workers: int = 1  # workers sharing each GPU (cells are mostly host-bound compile work)
     timeout_s: float | None = None  # overrides every cell's timeout for this run
     retries: int = 1
     seed: int | None = None
@@ -216,10 +217,12 @@ class Runner:
         config = WorkerConfig(
             logs=self.out / "logs" / "workers",
             ops_paths=self.ops_paths,
-            threads=device.threads_per_worker(jobs + len(gpus)),
+            threads=device.threads_per_worker(jobs + len(gpus) * opts.gpu_workers),
             python=self.python,
         )
-        self._pool = pool = Pool(config, jobs, gpus, keep_spare=opts.retries > 0)
+        self._pool = pool = Pool(
+            config, jobs, gpus, keep_spare=opts.retries > 0, gpu_workers=opts.gpu_workers
+        )
         progress = Progress(len(tasks), enabled=opts.progress)
         attempts: dict[str, list[AttemptView]] = {}
 

@@ -45,7 +45,7 @@ _VERSION_RE = re.compile(r"^\d+\.\d+$")
 INSTALL_TIMEOUT_S = 600
 
 
-class ToolchainUnavailable(OpgateError):  # noqa: N818 (a skip reason, not an error)
+class ToolchainUnavailable(OpgateError):
     """No nvcc of the requested CUDA version can be had on this machine (a ``skip`` reason)."""
 
 
@@ -282,3 +282,18 @@ def cuobjdump_path() -> Path:
         "no cuobjdump: install triton (its wheel ships one) or a CUDA toolkit; looked in "
         + ", ".join(str(c) for c in candidates)
     )
+
+
+def provide_nvcc(version: str) -> Path:
+    """The nvcc a ``build`` cell of CUDA ``version`` uses, installed from PyPI when absent.
+
+    The runner asks this once per version before scheduling build cells, so a
+    fresh CI machine checks two nvcc versions without manual setup.  Set
+    ``OPGATE_NO_TOOLCHAIN_INSTALL=1`` to only look (cells then skip with the reason).
+    """
+    if os.environ.get("OPGATE_NO_TOOLCHAIN_INSTALL") == "1":
+        found = find_nvcc(version)
+        if found is None:
+            raise ToolchainUnavailable(f"nvcc {version} not found here (installs disabled)")
+        return found
+    return ensure_nvcc(version).nvcc

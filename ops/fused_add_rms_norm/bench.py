@@ -47,7 +47,6 @@ def impls() -> list[Impl]:
     out: list[Impl] = [
         ("opgate triton", op),
         ("opgate triton, compiled", torch.compile(op)),
-        ("opgate triton, cudagraphs", torch.compile(op, mode="reduce-overhead")),
         ("aten add + F.rms_norm", _aten),
         ("compile(reference)", torch.compile(reference.fused_add_rms_norm)),
     ]

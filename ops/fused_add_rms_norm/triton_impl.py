@@ -13,11 +13,7 @@ from typing import Any
 
 import torch
 
-from ops._triton_util import (
-    check,
-    check_float,
-    check_same_device,
-)
+from ops._triton_util import check, check_float, check_same_device
 from ops.fused_add_rms_norm import triton_kernels as K
 from ops.rms_norm.launch import rms_backward, rms_forward
 from ops.rms_norm.triton_impl import check_inputs

@@ -46,7 +46,6 @@ def impls() -> list[Impl]:
     out: list[Impl] = [
         ("opgate triton", op),
         ("opgate triton, compiled", torch.compile(op)),
-        ("opgate triton, cudagraphs", torch.compile(op, mode="reduce-overhead")),
         ("aten F.layer_norm (+F.gelu)", _aten),
         ("compile(reference)", torch.compile(reference.layer_norm)),
     ]

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ops._triton_device import reduce_partials
 from ops._triton_util import (
     BWD_TUNING,
     MAX_FUSED_BWD,
@@ -29,7 +30,6 @@ from ops._triton_util import (
     next_pow2,
     partial_dtype,
     persistent_programs,
-    reduce_partials,
     row_tile,
 )
 from ops.layer_norm import triton_kernels as K

@@ -41,7 +41,6 @@ def impls() -> list[Impl]:
     out: list[Impl] = [
         ("opgate triton", op),
         ("opgate triton, compiled", torch.compile(op)),
-        ("opgate triton, cudagraphs", torch.compile(op, mode="reduce-overhead")),
         ("aten F.rms_norm", aten),
         ("compile(reference)", torch.compile(reference.rms_norm)),
     ]

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ops._triton_device import reduce_partials
 from ops._triton_util import (
     BWD_TUNING,
     CHUNK,
@@ -28,7 +29,6 @@ from ops._triton_util import (
     next_pow2,
     partial_dtype,
     persistent_programs,
-    reduce_partials,
     row_tile,
 )
 from ops.rms_norm import triton_kernels as K

@@ -58,7 +58,6 @@ def impls() -> list[Impl]:
     out: list[Impl] = [
         ("opgate triton", op),
         ("opgate triton, compiled", torch.compile(op)),
-        ("opgate triton, cudagraphs", torch.compile(op, mode="reduce-overhead")),
         ("eager reference", reference.rope),
         ("compile(reference)", torch.compile(reference.rope)),
     ]

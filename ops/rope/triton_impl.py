@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ops._triton_device import round_to
 from ops._triton_util import (
     acc_dtype,
     build_signature,
@@ -28,7 +29,6 @@ from ops._triton_util import (
     interpreting,
     needs_rne,
     next_pow2,
-    round_to,
 )
 
 OP = "opgate::rope"

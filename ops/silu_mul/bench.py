@@ -39,7 +39,6 @@ def impls() -> list[Impl]:
     out: list[Impl] = [
         ("opgate triton", op),
         ("opgate triton, compiled", torch.compile(op)),
-        ("opgate triton, cudagraphs", torch.compile(op, mode="reduce-overhead")),
         ("aten F.silu(a) * b", _aten),
         ("compile(reference)", torch.compile(reference.silu_mul)),
     ]

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ops._triton_device import load_tile, round_to
 from ops._triton_util import (
     acc_dtype,
     build_signature,
@@ -22,10 +23,8 @@ from ops._triton_util import (
     check_same_device,
     collapse_rows,
     interpreting,
-    load_tile,
     needs_rne,
     next_pow2,
-    round_to,
 )
 
 OP = "opgate::silu_mul"

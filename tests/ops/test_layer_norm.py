@@ -71,3 +71,11 @@ def test_bias_shape_mismatch_is_a_clear_error() -> None:
         layer_norm(
             torch.ones(2, 8, device=DEVICE), torch.ones(8, device=DEVICE), torch.ones(7, device=DEVICE)
         )
+
+
+def test_backward_without_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ops import _triton_util
+
+    monkeypatch.setitem(_triton_util.BWD_TUNING, "prefetch", False)
+    (x, w, b), kw = _sample((37, 200, 1), torch.float32, seed=8)
+    compare_op(layer_norm, ref.layer_norm, (x, w, b), kw, (0, 1, 2), backward=True)

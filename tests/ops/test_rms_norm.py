@@ -114,3 +114,12 @@ def test_the_comparison_rule_catches_a_planted_error() -> None:
     assert_close_rule("good", good, ref.rms_norm(x, w), oracle, k=2.0, floor=1e-5)
     with pytest.raises(AssertionError, match="error"):
         assert_close_rule("bad", bad, ref.rms_norm(x, w), oracle, k=2.0, floor=1e-5)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_backward_with_and_without_prefetch(prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ops import _triton_util
+
+    monkeypatch.setitem(_triton_util.BWD_TUNING, "prefetch", prefetch)
+    x, w = _sample((37, 200), torch.float32, seed=7)
+    compare_op(rms_norm, ref.rms_norm, (x, w), {}, (0, 1), backward=True)

@@ -42,12 +42,24 @@ MODE_CHECKS: dict[str, tuple[str, ...]] = {
 OPTIONAL_CHECKS = frozenset({"perf"})
 
 
+def skipped_checks() -> frozenset[str]:
+    """Checks switched off for this run with ``OPGATE_SKIP_CHECKS=perf,...``.
+
+    Used for throughput runs that share a GPU between several workers, where
+    timings would be noise: such a run records no perf rather than bad perf.
+    """
+    raw = os.environ.get("OPGATE_SKIP_CHECKS", "")
+    return frozenset(name.strip() for name in raw.split(",") if name.strip())
+
+
 def checks_for(mode: str) -> list[Check]:
     """The Check objects of a mode, imported lazily (each module exposes ``CHECKS``)."""
     if mode not in MODE_CHECKS:
         raise KeyError(f"no checks for mode {mode!r}; known: {', '.join(MODE_CHECKS)}")
     found: list[Check] = []
     for name in MODE_CHECKS[mode]:
+        if name in skipped_checks():
+            continue
         try:
             module = importlib.import_module(f"validators.checks.{name}")
         except ModuleNotFoundError as exc:
@@ -171,7 +183,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
             return CellOutcome([], [], f"layout {cell.layout}: {exc}", Verdict.SKIP)
         except Exception as exc:  # noqa: BLE001 - an op that does not import is this cell's error
             check = error_result("setup", exc)
-            return CellOutcome([check], [], check.summary, Verdict.ERROR)
+            return CellOutcome([check], [], f"setup: {check.summary}", Verdict.ERROR)
         ctx.artifact = make_artifact(cell.mode, ctx.op, spec.dynamic_shapes, workdir)
         if ctx.impl.unsupported_reason(cell.id) is not None:
             from validators.checks import limits

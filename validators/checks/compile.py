@@ -63,17 +63,25 @@ def count_breaks(ctx: CellContext) -> dict[str, Any]:
 
 
 def signature(sample: SampleInput) -> tuple[Any, ...]:
-    """What Dynamo guards on beyond symbolic sizes: ranks, dtypes, 0/1 sizes and strides, constants.
+    """What Dynamo guards on beyond symbolic sizes: ranks, dtypes, constants, which ints are 0, 1 or equal.
 
+    Sizes, strides and storage offsets of 2 and more become symbols, but 0 and
+    1 are specialized, and equal values share one symbol ("duck sizing": M ==
+    storage offset in one shape and not in the next is a guard failure).  So
+    every such int is replaced by the index of the first int with its value.
     Two samples with one signature must run one graph under ``dynamic=True``.
     """
     parts: list[Any] = []
+    first_seen: dict[int, int] = {}
+
+    def sym(v: int) -> Any:
+        return v if v < 2 else ("s", first_seen.setdefault(v, len(first_seen)))
+
     values = [*sample.args, *(v for _, v in sorted(sample.kwargs.items()))]
     for a in values:
         if isinstance(a, torch.Tensor):
-            sizes = tuple(s if s < 2 else -1 for s in a.shape)
-            strides = tuple(s if s < 2 else -1 for s in a.stride())
-            parts.append(("tensor", str(a.dtype), sizes, strides))
+            ints = (*a.shape, *a.stride(), a.storage_offset())
+            parts.append(("tensor", str(a.dtype), a.dim(), tuple(sym(int(v)) for v in ints)))
         else:
             parts.append(("const", repr(a)))
     return tuple(parts)

@@ -1,0 +1,52 @@
+"""An interrupted run keeps its finished verdicts: ``collect`` rebuilds results.json from cells/."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from junitparser import JUnitXml
+
+from matrix.cell import Cell
+from validators.result import CellResult, CheckResult, RunResults, Verdict
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _record(layout: str, verdict: Verdict) -> CellResult:
+    cell = Cell("rms_norm", "triton", "2.13.0", "none", "cpu", "fp32", layout, "eager")
+    check = CheckResult("correctness", verdict, f"{verdict.value} on {layout}")
+    return CellResult(cell, verdict, {"torch": "2.13.0", "python": "3.11"}, [check], seed=7)
+
+
+def test_collect_writes_results_and_junit_from_finished_cells(tmp_path: Path) -> None:
+    (tmp_path / "cells").mkdir()
+    for rec in (_record("contiguous", Verdict.PASS), _record("strided", Verdict.FAIL)):
+        (tmp_path / "cells" / f"{rec.id}.json").write_text(json.dumps(rec.to_json()))
+    proc = subprocess.run(
+        [sys.executable, "-m", "validators", "collect", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    run = RunResults.read(tmp_path / "results.json")
+    assert {c.id: c.verdict for c in run.cells} == {
+        "rms_norm.triton-pt2.13-cpu-fp32-contiguous-eager": Verdict.PASS,
+        "rms_norm.triton-pt2.13-cpu-fp32-strided-eager": Verdict.FAIL,
+    }
+    assert run.env["torch"] == "2.13.0"
+    assert "collected" in run.argv[-1]
+    cases = [case for suite in JUnitXml.fromfile(str(tmp_path / "junit.xml")) for case in suite]
+    assert sorted(c.name for c in cases) == sorted(c.id for c in run.cells)
+
+
+def test_collect_refuses_an_empty_run(tmp_path: Path) -> None:
+    (tmp_path / "cells").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "validators", "collect", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 7
+    assert "no finished cell records" in proc.stderr
+    assert not (tmp_path / "results.json").exists()
