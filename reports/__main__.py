@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from matrix.errors import CellsFailed, OpgateError, UsageError
-from reports import compat, diff_md
+from reports import bench_table, compat, diff_md
 from reports import diff as diff_mod
 from reports.alerts.registry import PLATFORMS
 from reports.alerts.send import send
@@ -42,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
         "--manifest", type=Path, help="plan manifest: refuse to publish if a planned shard is missing"
     )
     p.add_argument("--history", type=Path, help="the previous compat.json, to carry perf history forward")
+
+    b = sub.add_parser("bench", help="render committed benchmark JSON files as a Markdown table")
+    b.add_argument("--in", dest="inputs", action="append", type=Path, required=True, metavar="FILE")
+    b.add_argument("--out", type=Path, help="write here instead of stdout")
 
     d = sub.add_parser("diff", help="what changed between two compat.json files")
     d.add_argument("--base", type=Path, required=True)
@@ -96,6 +100,16 @@ def _diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    text = bench_table.render(bench_table.load(args.inputs))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _alert(args: argparse.Namespace) -> int:
     if args.attempts < 1 or args.timeout <= 0:
         raise UsageError("--attempts must be >= 1 and --timeout > 0")
@@ -114,7 +128,7 @@ def _alert(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"publish": _publish, "diff": _diff, "alert": _alert}[args.command]
+    handler = {"publish": _publish, "bench": _bench, "diff": _diff, "alert": _alert}[args.command]
     try:
         return handler(args)
     except OpgateError as err:

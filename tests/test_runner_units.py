@@ -218,7 +218,7 @@ def test_progress_bar_only_on_a_terminal() -> None:
     assert "pass 1" in bar.line()
 
 
-def test_default_jobs_leave_cores_for_torch_threads() -> None:
+def test_default_jobs_one_per_core_on_small_machines_half_on_large() -> None:
     cores = os.cpu_count() or 1
-    assert device.default_jobs() == max(1, cores // 2)
+    assert device.default_jobs() == (cores if cores <= 4 else cores // 2)
     assert device.threads_per_worker(device.default_jobs()) * device.default_jobs() <= max(cores, 1)

@@ -25,7 +25,7 @@ from validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
     from matrix.cell import Cell
-    from ops.spec import OpSpec
+    from ops.spec import ImplSpec, OpSpec
     from validators.checks import CellOutcome
     from validators.checks.base import Check
 
@@ -148,6 +148,30 @@ def _reason(checks: list[CheckResult], verdict: Verdict) -> str:
     return f"{first.name}: {first.summary}" if first is not None else ""
 
 
+def _setup_failed(cell: Cell, impl: ImplSpec | None, exc: Exception) -> CellOutcome:
+    """A cell whose op could not even be set up: ``error``, unless the spec declared it unsupported.
+
+    A declared-unsupported cell whose op refuses before running (a CUDA C++ op on a
+    CPU-only torch cannot load its library) gave the clear refusal the limits check
+    asks for: ``unsupported``, with the message.
+    """
+    from validators.checks import CellOutcome
+    from validators.checks.base import error_result
+
+    declared = impl.unsupported_reason(cell.id) if impl is not None else None
+    if declared is None:
+        check = error_result("setup", exc)
+        return CellOutcome([check], [], f"setup: {check.summary}", Verdict.ERROR)
+    raised = f"{type(exc).__name__}: {exc}"
+    refused = CheckResult(
+        "limits",
+        Verdict.UNSUPPORTED,
+        f"declared unsupported ({declared}); refused at load: {raised}",
+        {"declared": declared, "raised": raised, "stage": "setup"},
+    )
+    return CellOutcome([refused], [], refused.summary, None)
+
+
 def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:
     """The agreed entry point (see :func:`validators.checks.run_cell`)."""
     from validators.checks import CellOutcome
@@ -169,7 +193,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     import torch
 
     from validators.checks.artifacts import make_artifact
-    from validators.checks.base import error_result, run_check
+    from validators.checks.base import run_check
     from validators.checks.context import build_context
     from validators.layouts import LayoutError
 
@@ -182,8 +206,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
         except LayoutError as exc:
             return CellOutcome([], [], f"layout {cell.layout}: {exc}", Verdict.SKIP)
         except Exception as exc:  # noqa: BLE001 - an op that does not import is this cell's error
-            check = error_result("setup", exc)
-            return CellOutcome([check], [], f"setup: {check.summary}", Verdict.ERROR)
+            return _setup_failed(cell, impl, exc)
         ctx.artifact = make_artifact(cell.mode, ctx.op, spec.dynamic_shapes, workdir)
         if ctx.impl.unsupported_reason(cell.id) is not None:
             from validators.checks import limits
