@@ -129,3 +129,48 @@ def test_evidence_names_the_kernels_in_the_outcome(tmp_path: Path) -> None:
     assert "zoo::good_rms_norm" in outcome.kernels
     ev = next(c for c in outcome.checks if c.name == "evidence")
     assert Path(ev.details["trace"]).is_file()
+
+
+def test_dispatched_ops_sees_tensor_only_custom_ops_and_not_decompositions() -> None:
+    """torch 2.14's profiler drops Tensor-only custom ops; the dispatch log must not."""
+    import torch
+
+    from validators.profiling import dispatched_ops
+
+    lib = torch.library.Library("opgate_dispatch_test", "FRAGMENT")
+    lib.define("decomposed(Tensor a) -> Tensor")
+    lib.impl("decomposed", lambda a: a * 2, "CompositeImplicitAutograd")
+
+    @torch.library.custom_op("opgate_dispatch_test::opaque", mutates_args=())
+    def opaque(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b
+
+    a = torch.randn(4)
+    assert dispatched_ops(lambda: opaque(a, a))[0] == "opgate_dispatch_test::opaque"
+    names = dispatched_ops(lambda: torch.ops.opgate_dispatch_test.decomposed(a))
+    assert "opgate_dispatch_test::decomposed" not in names
+    assert "aten::mul" in names
+
+
+def test_executed_custom_ops_witnesses_the_body_inside_a_compiled_program() -> None:
+    import torch
+
+    from validators.profiling import executed_custom_ops
+
+    @torch.library.custom_op("opgate_exec_test::double", mutates_args=())
+    def double(a: torch.Tensor) -> torch.Tensor:
+        return a * 2
+
+    @double.register_fake
+    def _(a: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(a)
+
+    compiled = torch.compile(lambda t: double(t) + 1, fullgraph=True)
+    a = torch.randn(8)
+    compiled(a)
+    assert executed_custom_ops(lambda: compiled(a), ["opgate_exec_test::double"]) == [
+        "opgate_exec_test::double"
+    ]
+    inlined = torch.compile(lambda t: t * 2 + 1, fullgraph=True)
+    inlined(a)
+    assert executed_custom_ops(lambda: inlined(a), ["opgate_exec_test::double"]) == []

@@ -143,3 +143,66 @@ def match(names: Iterable[str], patterns: Sequence[str]) -> dict[str, list[str]]
     """For each pattern (see :func:`matches`), the names it matches."""
     names = list(names)
     return {p: [n for n in names if matches(n, p)] for p in patterns}
+
+
+def dispatched_ops(fn: Callable[[], Any]) -> list[str]:
+    """Qualified names of the operators ``fn`` sends through the dispatcher, in first-call order.
+
+    A second witness beside the profiler on CPU, where a Triton kernel under the
+    interpreter leaves no kernel event: the custom op's own dispatcher event is
+    the evidence there, and torch 2.14 records none for a custom op whose
+    arguments are all tensors (measured: ``t::two(Tensor, Tensor)`` leaves no
+    event, ``t::twof(Tensor, Tensor, float)`` does).  A ``TorchDispatchMode``
+    sees every op that reaches the Python dispatch key — a custom op before its
+    kernel runs, aten ops a decomposition produced — so a decomposed op still
+    shows as its aten pieces, never as the custom op.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: dict[str, None] = {}
+
+    class _Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            seen.setdefault(func._schema.name, None)
+            return func(*args, **(kwargs or {}))
+
+    with _Log():
+        fn()
+    return list(seen)
+
+
+def executed_custom_ops(fn: Callable[[], Any], qualnames: Sequence[str]) -> list[str]:
+    """Which of ``qualnames`` (``torch.library.custom_op`` ops) had their own Python body run in ``fn``.
+
+    The CPU witness for compiled artifacts: a dispatch mode would make Dynamo skip
+    its compiled frames, but a profile hook (``sys.setprofile``) does not, and it
+    sees the custom op's own implementation function (``_init_fn``) execute
+    inside the compiled program.  An op that
+    was decomposed or replaced never runs its body, so it is never reported.
+    """
+    import sys
+
+    from torch._library.custom_ops import OPDEFS
+
+    codes: dict[Any, str] = {}
+    for name in qualnames:
+        opdef = OPDEFS.get(name)
+        if opdef is None:
+            continue
+        # Only the op's own function: register_kernel wrappers share one code object across ops.
+        code = getattr(opdef._init_fn, "__code__", None)
+        if code is not None:
+            codes[code] = name
+    ran: dict[str, None] = {}
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            ran.setdefault(codes[frame.f_code], None)
+
+    previous = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        fn()
+    finally:
+        sys.setprofile(previous)
+    return list(ran)
