@@ -31,6 +31,8 @@ from pathlib import Path
 
 from validators.toolchain import Toolchain, ensure_nvcc, find_toolchain, nvcc_release
 
+#: Headers shared by every opgate CUDA op (on the include path of each build).
+SHARED_INCLUDE = Path(__file__).resolve().parent / "_cuda"
 #: Files hashed into the build key: everything a source may #include from its folder.
 SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp")
 #: Flags are part of the key too: changing them must rebuild.
@@ -83,12 +85,13 @@ def arch_list(sass: Sequence[str], ptx: bool) -> str:
 
 
 def source_hash(sources: Sequence[Path]) -> str:
-    """sha256 over every source and header in the sources' folders, plus the compile flags."""
+    """sha256 over every source and header in the sources' folders and ops/_cuda, plus the flags."""
     files: set[Path] = set()
     for src in sources:
         if not src.is_file():
             raise FileNotFoundError(f"CUDA source {src} does not exist")
         files.update(p for p in src.parent.iterdir() if p.suffix in SOURCE_SUFFIXES and p.is_file())
+    files.update(p for p in SHARED_INCLUDE.iterdir() if p.suffix in SOURCE_SUFFIXES and p.is_file())
     h = hashlib.sha256()
     for f in sorted(files):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
@@ -263,6 +266,7 @@ def _child(request_json: str) -> int:
         extra_cflags=list(EXTRA_CFLAGS),
         extra_cuda_cflags=list(EXTRA_CUDA_CFLAGS),
         build_directory=req["build_dir"],
+        extra_include_paths=[str(SHARED_INCLUDE)],
         is_python_module=False,
         with_cuda=True,
         verbose=True,

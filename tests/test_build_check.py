@@ -148,10 +148,3 @@ def test_arch_outside_policy_is_unsupported(probe_spec: OpSpec, tmp_path: Path) 
     spec = _with_impl(probe_spec, "triton", arch_policy={"sass": ["sm_90"], "ptx": False})
     out = run_build_cell(_cell("triton", "sm_80"), spec, tmp_path)
     assert out.checks[0].status is Verdict.UNSUPPORTED
-
-
-def test_shared_cuda_headers_do_not_drift() -> None:
-    for name in ("layout.h", "common.cuh"):
-        a = (REPO / "ops" / "rms_norm" / "cuda" / name).read_bytes()
-        b = (REPO / "ops" / "silu_mul" / "cuda" / name).read_bytes()
-        assert a == b, f"ops/*/cuda/{name} copies differ"

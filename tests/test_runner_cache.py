@@ -130,3 +130,17 @@ def test_explicit_seed_bypasses_the_cache(tmp_path: Path) -> None:
         runner._specs = {"fx_segv": Spec(tmp_path / "spec.yaml")}
         assert not runner._serve_cached(cell)
         assert cache.asked == asked
+
+
+def test_op_digest_covers_shared_folders_and_imported_sibling_ops(tmp_path: Path) -> None:
+    """A change in a helper another op imports (or in ops/_cuda) must invalidate the verdict."""
+    from validators.cache import op_folders
+
+    ops = tmp_path / "ops"
+    for name in ("a", "b", "c", "_shared"):
+        (ops / name).mkdir(parents=True)
+    (ops / "a" / "impl.py").write_text("from ops.b.kernels import k\n")
+    (ops / "b" / "kernels.py").write_text("import ops.c\nk = 1\n")
+    (ops / "c" / "x.py").write_text("y = 2\n")
+    assert op_folders(ops / "a") == {ops / "a", ops / "b", ops / "c", ops / "_shared"}
+    assert op_folders(ops / "c") == {ops / "c", ops / "_shared"}

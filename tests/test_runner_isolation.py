@@ -30,11 +30,11 @@ pytestmark = pytest.mark.slow
 
 
 def opgate_run(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """A real run of the planted ops; ``--no-cache``: these tests are about running cells."""
+    """A real run of the planted ops, one host lane (the assertions follow its order); no cache."""
     argv = [sys.executable, "-m", "validators", "run", "--config", str(CONFIG), "--ops-path", str(FIXTURES)]
     env = {"OPGATE_CACHE": str(out / "cache"), **(env or {})}
     return subprocess.run(
-        [*argv, "--out", str(out), "--no-progress", "--no-cache", *args],
+        [*argv, "--out", str(out), "--no-progress", "--no-cache", "--jobs", "1", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from importlib import metadata
@@ -61,6 +62,31 @@ def _source_files(folder: Path, recursive: bool) -> Iterable[Path]:
             and not any(p.startswith(".") or p in ("__pycache__", "build") for p in rel)
         ):
             yield path
+
+
+_SIBLING_IMPORT = re.compile(r"^\s*(?:from|import)\s+\w+\.(\w+)", re.MULTILINE)
+
+
+def op_folders(folder: Path) -> set[Path]:
+    """The op's folder, the shared ``_*`` folders beside it, and sibling op folders it imports.
+
+    An op's verdict depends on more than its own folder: opgate's ops share
+    launch helpers (``ops/_triton_util.py``), CUDA headers (``ops/_cuda/``) and
+    kernels (``fused_add_rms_norm`` imports ``ops.rms_norm``).  Any change there
+    must invalidate the cached verdict, so all of it is hashed.
+    """
+    parent = folder.parent
+    found = {folder} | {d for d in parent.iterdir() if d.is_dir() and d.name.startswith("_")}
+    todo = [folder]
+    while todo:
+        current = todo.pop()
+        for path in current.rglob("*.py"):
+            for name in _SIBLING_IMPORT.findall(path.read_text(errors="replace")):
+                sibling = parent / name
+                if sibling.is_dir() and sibling not in found:
+                    found.add(sibling)
+                    todo.append(sibling)
+    return found
 
 
 def tree_digest(files: Iterable[Path], base: Path) -> str:
@@ -103,8 +129,10 @@ class VerdictCache:
         folder = Path(spec.path).resolve().parent
         if folder not in self._ops:
             parent = folder.parent
-            files = [*_source_files(folder, recursive=True), *_source_files(parent, recursive=False)]
-            self._ops[folder] = tree_digest(files, parent)
+            files = [*_source_files(parent, recursive=False)]
+            for dep in sorted(op_folders(folder)):
+                files += _source_files(dep, recursive=True)
+            self._ops[folder] = tree_digest(dict.fromkeys(files), parent)
         return self._ops[folder]
 
     def key(self, cell: Cell, spec: Any) -> str:

@@ -1,8 +1,7 @@
 // Torch-free description of a strided tensor viewed as (rows, n), shared by the
-// torch glue (.cpp, host compiler) and the kernels (.cu, nvcc).  opgate's CUDA
-// ops keep byte-identical copies of this file and common.cuh in each op folder
-// (tests/test_build_cuda_sources.py checks they do not drift), so each op
-// folder builds on its own.
+// torch glue (.cpp, host compiler) and the kernels (.cu, nvcc).  Shared by every
+// opgate CUDA op: ops/_cuda is on the include path of each build (ops/_cuda_build.py),
+// and its files are part of every build's cache key.
 #pragma once
 
 #include <cstdint>
