@@ -124,6 +124,7 @@ SPEC_SCHEMA = Record(
         "layouts": Field(ListOf(Enum(LAYOUTS, "layout"), min_len=1, unique=True), required=True),
         "modes": Field(ListOf(Enum(MODES, "mode"), min_len=1, unique=True), required=True),
         "dynamic_shapes": Bool(),
+        "fused": Bool(),
         "tolerance": Field(
             Record("tolerance", {k: Field(s, True) for k, s in _TOLERANCE.items()}), required=True
         ),
@@ -209,6 +210,8 @@ class OpSpec:
     implementations: dict[str, ImplSpec]
     path: Path
     root: Path
+    #: several PyTorch ops computed in one kernel (op inventory); declared by the spec
+    fused: bool = False
 
 
 def resolve(ref: str, root: Path | None = None) -> Any:
@@ -342,6 +345,7 @@ def load_spec(path: Path, root: Path) -> OpSpec:
         layouts=list(data["layouts"]),
         modes=list(data["modes"]),
         dynamic_shapes=bool(data.get("dynamic_shapes", False)),
+        fused=bool(data.get("fused", False)),
         tolerance=Tolerance(**data["tolerance"]),
         copies_allowed=int(data.get("copies_allowed", 0)),
         implementations=impls,

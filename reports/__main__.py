@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--in", dest="inputs", action="append", type=Path, required=True, metavar="FILE")
     b.add_argument("--out", type=Path, help="write here instead of stdout")
 
+    inv = sub.add_parser("inventory", help="one row per op: coverage, bound, achieved roofline, fused")
+    inv.add_argument("--ops-path", action="append", default=[], type=Path, metavar="DIR")
+    inv.add_argument("--bench", action="append", default=[], type=Path, metavar="FILE")
+    inv.add_argument("--copy-gbps", type=float, default=4274.0, help="copy ceiling (default: H200)")
+    inv.add_argument("--gemm-tflops", type=float, default=788.0, help="bf16 GEMM ceiling (default: H200)")
+    inv.add_argument("--out", type=Path, help="write here instead of stdout")
+
     d = sub.add_parser("diff", help="what changed between two compat.json files")
     d.add_argument("--base", type=Path, required=True)
     d.add_argument("--head", type=Path, required=True)
@@ -110,6 +117,18 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inventory(args: argparse.Namespace) -> int:
+    from reports import inventory
+
+    text = inventory.build(args.ops_path, args.bench, args.copy_gbps, args.gemm_tflops)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _alert(args: argparse.Namespace) -> int:
     if args.attempts < 1 or args.timeout <= 0:
         raise UsageError("--attempts must be >= 1 and --timeout > 0")
@@ -128,7 +147,13 @@ def _alert(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"publish": _publish, "bench": _bench, "diff": _diff, "alert": _alert}[args.command]
+    handler = {
+        "publish": _publish,
+        "bench": _bench,
+        "inventory": _inventory,
+        "diff": _diff,
+        "alert": _alert,
+    }[args.command]
     try:
         return handler(args)
     except OpgateError as err:
