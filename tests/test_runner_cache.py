@@ -21,10 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures_runner"
 
 
-class Spec:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.implementations: dict[str, Any] = {}
+def Spec(path: Path) -> Any:
+    """The real spec (its references decide which files the cache key covers)."""
+    from ops.spec import load_spec
+
+    return load_spec(path, path.parent.parent)
 
 
 def make_ops(tmp: Path) -> Path:
@@ -127,20 +128,24 @@ def test_explicit_seed_bypasses_the_cache(tmp_path: Path) -> None:
     for seed, asked in ((1234, 0), (None, 1)):
         runner = Runner(RunOptions(out=tmp_path, seed=seed))
         runner._cache = cache = Consulted()
-        runner._specs = {"fx_segv": Spec(tmp_path / "spec.yaml")}
+        runner._specs = {"fx_segv": Spec(make_ops(tmp_path / str(seed)) / "fx_segv" / "spec.yaml")}
         assert not runner._serve_cached(cell)
         assert cache.asked == asked
 
 
-def test_op_digest_covers_shared_folders_and_imported_sibling_ops(tmp_path: Path) -> None:
-    """A change in a helper another op imports (or in ops/_cuda) must invalidate the verdict."""
-    from validators.cache import op_folders
+def test_op_digest_follows_the_imports_of_the_specs_references() -> None:
+    """Shared helpers and imported sibling ops count; unrelated ops and unimported scripts do not."""
+    from ops.spec import load_specs
+    from validators.cache import op_source_files
 
-    ops = tmp_path / "ops"
-    for name in ("a", "b", "c", "_shared"):
-        (ops / name).mkdir(parents=True)
-    (ops / "a" / "impl.py").write_text("from ops.b.kernels import k\n")
-    (ops / "b" / "kernels.py").write_text("import ops.c\nk = 1\n")
-    (ops / "c" / "x.py").write_text("y = 2\n")
-    assert op_folders(ops / "a") == {ops / "a", ops / "b", ops / "c", ops / "_shared"}
-    assert op_folders(ops / "c") == {ops / "c", ops / "_shared"}
+    specs = load_specs()
+    rel = {op: {str(f.relative_to(ROOT)) for f in op_source_files(specs[op])} for op in specs}
+    fused = rel["fused_add_rms_norm"]
+    assert "ops/fused_add_rms_norm/spec.yaml" in fused
+    assert "ops/rms_norm/triton_kernels.py" in fused  # imported sibling kernels
+    assert "ops/_triton_util.py" in fused  # shared launch helpers
+    assert not any(f.startswith("ops/silu_mul/") for f in fused)
+    assert "ops/rms_norm/cuda/selftest.py" not in rel["rms_norm"]  # a script nothing imports
+    assert "ops/_cuda/common.cuh" in rel["rms_norm"]  # the CUDA implementation's shared header
+    assert "ops/rms_norm/cuda/rms_norm_kernels.cu" in rel["rms_norm"]
+    assert not any(f.startswith("ops/rms_norm/") for f in rel["rope"])

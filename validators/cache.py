@@ -23,13 +23,13 @@ Only settled verdicts are stored (pass, fail, fallback, unsupported); an
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
 import platform
-import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,12 @@ CACHEABLE = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.FALLBACK, Verdict.UNS
 SOURCE_SUFFIXES = frozenset(
     {".py", ".yaml", ".yml", ".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp", ".inl"}
 )
+#: What a CUDA C++ implementation's folder contributes (its .py files count only if imported).
+CUDA_SUFFIXES = frozenset({".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp", ".inl"})
 VALIDATORS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = VALIDATORS_DIR.parent
+#: Headers shared by every opgate CUDA op (on each build's include path).
+SHARED_CUDA = REPO_ROOT / "ops" / "_cuda"
 
 
 def default_root() -> Path:
@@ -52,8 +57,12 @@ def default_root() -> Path:
     return Path(env) if env else VALIDATORS_DIR.parent / ".opgate-cache" / "verdicts"
 
 
-def _source_files(folder: Path, recursive: bool) -> Iterable[Path]:
-    pattern = folder.rglob("*") if recursive else folder.glob("*.py")
+def _source_files(
+    folder: Path, recursive: bool, suffixes: frozenset[str] = frozenset({".py"})
+) -> Iterable[Path]:
+    if not folder.is_dir():
+        return
+    pattern = folder.rglob("*") if recursive else (p for p in folder.iterdir() if p.suffix in suffixes)
     for path in sorted(pattern):
         rel = path.relative_to(folder).parts
         if (
@@ -64,29 +73,67 @@ def _source_files(folder: Path, recursive: bool) -> Iterable[Path]:
             yield path
 
 
-_SIBLING_IMPORT = re.compile(r"^\s*(?:from|import)\s+\w+\.(\w+)", re.MULTILINE)
+def _module_file(name: str, roots: Sequence[Path]) -> Path | None:
+    """The file of module ``name`` under one of ``roots`` (None: a third-party module)."""
+    parts = name.split(".")
+    for root in roots:
+        base = root.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
 
 
-def op_folders(folder: Path) -> set[Path]:
-    """The op's folder, the shared ``_*`` folders beside it, and sibling op folders it imports.
+def _imported(path: Path, module: str) -> set[str]:
+    """Module names ``path`` imports (``from a import b`` also yields ``a.b``: it may be a module)."""
+    try:
+        tree = ast.parse(path.read_text(errors="replace"))
+    except SyntaxError:
+        return set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return {n for n in names if n}
 
-    An op's verdict depends on more than its own folder: opgate's ops share
-    launch helpers (``ops/_triton_util.py``), CUDA headers (``ops/_cuda/``) and
-    kernels (``fused_add_rms_norm`` imports ``ops.rms_norm``).  Any change there
-    must invalidate the cached verdict, so all of it is hashed.
+
+def op_source_files(spec: Any) -> list[Path]:
+    """Every file an op's verdict depends on: its spec, the Python it imports, its CUDA sources.
+
+    Followed from the spec's own references (entry, module, reference, samples)
+    through their imports, so a shared helper (``ops/_triton_util.py``) or a
+    sibling op's kernels that ``fused_add_rms_norm`` imports are covered, while an
+    unrelated op's change (or a self-test script nothing imports) is not.
+    Third-party modules are covered by their versions in the environment key.
     """
-    parent = folder.parent
-    found = {folder} | {d for d in parent.iterdir() if d.is_dir() and d.name.startswith("_")}
-    todo = [folder]
+    roots = [Path(spec.root).resolve(), REPO_ROOT]
+    todo = [ref.split(":")[0] for ref in (spec.reference, spec.samples)]
+    files: dict[Path, None] = {Path(spec.path).resolve(): None}
+    for impl in spec.implementations.values():
+        todo += [m for m in (impl.module, (impl.entry or "").split(":")[0]) if m]
+        for src in impl.sources or []:
+            folder = (Path(spec.path).resolve().parent / src).parent
+            files.update(dict.fromkeys(_source_files(folder, recursive=False, suffixes=CUDA_SUFFIXES)))
+            files.update(dict.fromkeys(_source_files(SHARED_CUDA, recursive=False, suffixes=CUDA_SUFFIXES)))
+    done: set[str] = set()
     while todo:
-        current = todo.pop()
-        for path in current.rglob("*.py"):
-            for name in _SIBLING_IMPORT.findall(path.read_text(errors="replace")):
-                sibling = parent / name
-                if sibling.is_dir() and sibling not in found:
-                    found.add(sibling)
-                    todo.append(sibling)
-    return found
+        module = todo.pop()
+        if module in done:
+            continue
+        done.add(module)
+        path = _module_file(module, roots)
+        if path is not None:
+            files[path.resolve()] = None
+            todo += sorted(_imported(path, module) - done)
+    return sorted(files)
 
 
 def tree_digest(files: Iterable[Path], base: Path) -> str:
@@ -126,14 +173,14 @@ class VerdictCache:
         self._ops: dict[Path, str] = {}
 
     def _op_digest(self, spec: Any) -> str:
-        folder = Path(spec.path).resolve().parent
-        if folder not in self._ops:
-            parent = folder.parent
-            files = [*_source_files(parent, recursive=False)]
-            for dep in sorted(op_folders(folder)):
-                files += _source_files(dep, recursive=True)
-            self._ops[folder] = tree_digest(dict.fromkeys(files), parent)
-        return self._ops[folder]
+        path = Path(spec.path).resolve()
+        if path not in self._ops:
+            h = hashlib.sha256()
+            for file in op_source_files(spec):
+                name = file.relative_to(REPO_ROOT) if file.is_relative_to(REPO_ROOT) else file
+                h.update(str(name).encode() + b"\0" + file.read_bytes() + b"\0")
+            self._ops[path] = h.hexdigest()
+        return self._ops[path]
 
     def key(self, cell: Cell, spec: Any) -> str:
         impl = spec.implementations.get(cell.impl)
