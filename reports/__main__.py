@@ -42,6 +42,14 @@ def _parser() -> argparse.ArgumentParser:
         "--manifest", type=Path, help="plan manifest: refuse to publish if a planned shard is missing"
     )
     p.add_argument("--history", type=Path, help="the previous compat.json, to carry perf history forward")
+    p.add_argument(
+        "--bench",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="benchmark JSON to publish as bench.md and a section of compat.md (repeatable)",
+    )
 
     b = sub.add_parser("bench", help="render committed benchmark JSON files as a Markdown table")
     b.add_argument("--in", dest="inputs", action="append", type=Path, required=True, metavar="FILE")
@@ -84,7 +92,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    publish(args.inputs, args.out, manifest=args.manifest, history=args.history, stream=sys.stdout)
+    publish(
+        args.inputs,
+        args.out,
+        manifest=args.manifest,
+        history=args.history,
+        stream=sys.stdout,
+        bench=args.bench,
+    )
     return 0
 
 

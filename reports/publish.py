@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from reports import bench_table, html, markdown
 from reports import compat as compat_mod
-from reports import html, markdown
 from reports.merge import check_manifest, merge, read_runs
 from reports.view import terminal_summary
 
@@ -50,17 +50,28 @@ def _install(files: dict[str, str], out: Path) -> None:
 def publish(
     inputs: Sequence[Path],
     out: Path,
+    *,
     manifest: Path | None = None,
     history: Path | None = None,
     stream: TextIO | None = None,
+    bench: Sequence[Path] = (),
 ) -> compat_mod.Compat:
-    """Merge ``inputs`` and publish to ``out``; raises before writing anything on any problem."""
+    """Merge ``inputs`` and publish to ``out``; raises before writing anything on any problem.
+
+    ``bench``: committed benchmark JSON files; their table becomes ``bench.md`` and a
+    section of ``compat.md``, so release notes carry the performance figures too.
+    """
     merged = merge(read_runs(inputs))
     if manifest is not None:
         check_manifest(merged, manifest)
     previous = compat_mod.load(history) if history is not None else None
     doc = compat_mod.build(merged, previous)
-    _install(render_all(doc), out)
+    files = render_all(doc)
+    if bench:
+        table = bench_table.render(bench_table.load(bench))
+        files["bench.md"] = table
+        files["compat.md"] += "\n## Benchmarks\n\n" + table.split("\n", 1)[1].lstrip("\n")
+    _install(files, out)
     if stream is not None:
         stream.write(terminal_summary(doc.entries, doc.environments) + "\n")
         stream.write(f"published {', '.join(str(out / n) for n in OUTPUT_FILES)}\n")

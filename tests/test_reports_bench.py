@@ -66,3 +66,17 @@ def test_committed_h200_benchmarks_render(name: str) -> None:
     text = bench_table.render(bench_table.load([REPO / "reports" / "runs" / "h200-bench" / f"{name}.json"]))
     assert f"### {name}" in text
     assert "NVIDIA H200" in text
+
+
+def test_publish_with_bench_puts_the_table_in_the_release_notes(tmp_path: Path) -> None:
+    bench = tmp_path / "rms_norm.json"
+    bench.write_text(json.dumps(_doc()))
+    run = REPO / "tests" / "data" / "reports" / "validators-cpu"
+    out = tmp_path / "out"
+    argv = ["-m", "reports", "publish", "--in", str(run), "--out", str(out), "--bench", str(bench)]
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    notes = (out / "compat.md").read_text()
+    assert "## Benchmarks" in notes
+    assert "**265.2 us (95%)**" in notes
+    assert (out / "bench.md").read_text().startswith("# opgate benchmark table")
