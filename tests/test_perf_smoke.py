@@ -3,7 +3,7 @@
 Nothing here measures anything: CUDA events are replaced by host-clock
 stand-ins, the device properties and ceilings by fixed values, and every
 timing budget is cut to a few repetitions.  What it proves is the plumbing
-the lead can only run on the H200: specs resolved, inputs made, kernels
+a CPU-only CI machine cannot otherwise reach: specs resolved, inputs made, kernels
 launched (Triton's interpreter), samples attributed, verdicts computed,
 JSON and Markdown written.
 """
