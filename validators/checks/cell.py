@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 #: Check modules per mode, in run order.
 MODE_CHECKS: dict[str, tuple[str, ...]] = {
-    "eager": ("correctness", "gradients", "gradcheck", "opcheck", "evidence", "perf"),
+    "eager": ("correctness", "gradients", "gradcheck", "opcheck", "evidence", "sass", "perf"),
     "compile": ("compile", "correctness", "evidence", "perf"),
     "cudagraphs": ("cudagraphs", "correctness"),
     "export": ("export", "correctness"),

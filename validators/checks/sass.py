@@ -1,0 +1,63 @@
+"""sass: on a GPU, does the CUDA C++ op's binary hold machine code for *this* device?
+
+A library built for sm_90 loaded on an sm_80 GPU still imports; its kernels
+then either JIT from PTX (slow first call, no arch-specific code paths) or do
+not run at all.  The build cells prove what the binary holds; this check
+records the device's compute capability next to the binary actually loaded
+in the cell and lists every kernel without SASS for it.
+
+* ``pass``: every kernel has SASS that runs on this device;
+* ``fallback``: some kernel would JIT from PTX (it runs, but not as built);
+* ``fail``: some kernel has neither SASS nor usable PTX for this device.
+
+Applies to GPU cells of ``kind: cuda`` implementations whose module exposes the
+loaded build as ``BUILT`` (see :func:`ops._cuda_build.load_library`).  Triton
+kernels are compiled for the running device on first call, so they always run
+native code and are not checked here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from validators.checks.base import Check
+from validators.checks.context import CellContext
+from validators.result import CheckResult, Verdict
+
+NAME = "sass"
+
+
+def applies(ctx: CellContext) -> str | None:
+    if ctx.device_kind != "cuda":
+        return "machine code for a device is checked on GPUs only"
+    if ctx.impl.kind != "cuda":
+        return "Triton kernels are compiled for the running device"
+    return None
+
+
+def judge(report: dict[str, Any]) -> CheckResult:
+    """Verdict from :func:`validators.binaries.gpu_sass_report`'s dict (pure, unit-tested)."""
+    missing = list(report.get("kernels_without_sass") or [])
+    arch = report.get("device_arch", "?")
+    if not missing:
+        return CheckResult(NAME, Verdict.PASS, f"every kernel has SASS for {arch}", report)
+    names = ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else "")
+    if report.get("jit_from_ptx"):
+        return CheckResult(NAME, Verdict.FALLBACK, f"no {arch} SASS, JIT from PTX: {names}", report)
+    return CheckResult(NAME, Verdict.FAIL, f"no {arch} SASS and no usable PTX: {names}", report)
+
+
+def run(ctx: CellContext) -> CheckResult:
+    from validators.binaries import gpu_sass_report
+
+    module = importlib.import_module(ctx.impl.module or ctx.impl.entry.split(":")[0])
+    built = getattr(module, "BUILT", None)
+    library = getattr(built, "library", None)
+    if library is None:
+        return CheckResult(NAME, Verdict.SKIP, f"{module.__name__} exposes no BUILT library to inspect")
+    return judge(gpu_sass_report(Path(library)))
+
+
+CHECKS = [Check(NAME, applies, run)]
