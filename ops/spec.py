@@ -9,7 +9,6 @@ matrix config, so every mistake is reported as ``file:line`` with a hint.
 
 from __future__ import annotations
 
-import ast
 import fnmatch
 import importlib
 import re
@@ -19,121 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from matrix.cell import ARCHES, DTYPES, IMPLS, LAYOUTS, MODES
 from matrix.errors import ConfigError, ConfigErrors, Location, UsageError
 from matrix.schema import (
-    Bool,
-    Enum,
-    Field,
-    Float,
-    Glob,
-    Int,
-    ListOf,
-    MapOf,
     Problems,
-    Record,
-    Str,
     valid,
     validate,
 )
 from matrix.yamlload import YMap, YNode, load_yaml
-
-SPEC_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parent.parent
-OP_MODULES = ("norm", "activation", "attention", "position", "gemm", "other")
-DEVICE_KINDS = ("cpu", "cuda")
-_NAME = r"[a-z][a-z0-9_]*"
-_REF = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
-_REF_HINT = "write module:attribute, e.g. ops.rms_norm.reference:rms_norm"
-
-
-def _check_expr(text: str) -> str | None:
-    """Cost expressions are plain arithmetic over shape symbols: nothing callable."""
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as exc:
-        return f"{text!r} is not an expression: {exc.msg}"
-    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.operator, ast.unaryop)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            continue
-        if not isinstance(node, allowed):
-            return f"{text!r} may use only numbers, shape symbols and + - * / // % **"
-    return None
-
-
-_RULE = Record("evidence rule", {"expect": ListOf(Glob()), "forbid": ListOf(Glob())})
-_DEVICES = {"cpu": _RULE, "cuda": _RULE}
-_TOLERANCE = {"k": Float(0.0, strict=True), "atol_floor": Float(0.0)}
-_IMPL_SCHEMA = Record(
-    "implementation",
-    {
-        "kind": Field(Enum(IMPLS, "implementation kind"), required=True),
-        "module": Str("a module name", r"[A-Za-z_][\w.]*"),
-        "entry": Field(Str("a module:attribute reference", _REF, _REF_HINT), required=True),
-        "qualname": Str("a torch.library name ns::name", r"[A-Za-z_]\w*::[A-Za-z_]\w*(\.\w+)?"),
-        "evidence": Field(
-            Record(
-                "evidence", {**_DEVICES, "modes": MapOf(Enum(MODES, "mode"), Record("evidence", _DEVICES))}
-            ),
-            required=True,
-        ),
-        "sources": ListOf(Str("a path relative to the spec"), min_len=1),
-        "arch_policy": Record(
-            "arch policy", {"sass": ListOf(Enum(ARCHES[1:], "GPU arch"), unique=True), "ptx": Bool()}
-        ),
-        "requires": ListOf(Str("a distribution name", r"[A-Za-z0-9][A-Za-z0-9._-]*")),
-        "dtypes": ListOf(Enum(DTYPES, "dtype"), min_len=1, unique=True),
-        "layouts": ListOf(Enum(LAYOUTS, "layout"), min_len=1, unique=True),
-        "modes": ListOf(Enum(MODES, "mode"), min_len=1, unique=True),
-        "unsupported": ListOf(
-            Record(
-                "unsupported", {"match": Field(Glob(), required=True), "reason": Field(Str(), required=True)}
-            )
-        ),
-        "tolerance": Record("tolerance", _TOLERANCE),
-        "copies_allowed": Int(minimum=0),
-    },
-)
-_SHAPE = ListOf(Int(minimum=0), min_len=1)
-SPEC_SCHEMA = Record(
-    "op spec",
-    {
-        "spec_version": Field(Int(choices=(SPEC_VERSION,)), required=True),
-        "op": Field(Str("an op name [a-z][a-z0-9_]*", _NAME), required=True),
-        "summary": Field(Str(), required=True),
-        "module": Field(Enum(OP_MODULES, "module"), required=True),
-        "reference": Field(Str("a module:attribute reference", _REF, _REF_HINT), required=True),
-        "samples": Field(Str("a module:attribute reference", _REF, _REF_HINT), required=True),
-        "shapes": Field(MapOf(Str("a shape set name", _NAME), ListOf(_SHAPE, min_len=1)), required=True),
-        "cost": Record(
-            "cost",
-            {
-                **{
-                    k: Field(Str("an arithmetic expression", check=_check_expr), True)
-                    for k in ("bytes", "flops")
-                },
-                **{
-                    k: Str("an arithmetic expression", check=_check_expr)
-                    for k in ("backward_bytes", "backward_flops")
-                },
-                "symbols": ListOf(Str("a shape symbol", r"[A-Z][A-Za-z0-9_]*"), min_len=1, unique=True),
-            },
-        ),
-        "dtypes": Field(ListOf(Enum(DTYPES, "dtype"), min_len=1, unique=True), required=True),
-        "layouts": Field(ListOf(Enum(LAYOUTS, "layout"), min_len=1, unique=True), required=True),
-        "modes": Field(ListOf(Enum(MODES, "mode"), min_len=1, unique=True), required=True),
-        "dynamic_shapes": Bool(),
-        "fused": Bool(),
-        "tolerance": Field(
-            Record("tolerance", {k: Field(s, True) for k, s in _TOLERANCE.items()}), required=True
-        ),
-        "copies_allowed": Int(minimum=0),
-        "implementations": Field(
-            MapOf(Str("an implementation name [a-z][a-z0-9_]*", _NAME), _IMPL_SCHEMA, min_len=1),
-            required=True,
-        ),
-    },
+from ops.spec_schema import (
+    DEVICE_KINDS,
+    REF_HINT,
+    REF_PATTERN,
+    REPO_ROOT,
+    SPEC_SCHEMA,
 )
 
 
@@ -216,8 +113,8 @@ class OpSpec:
 
 def resolve(ref: str, root: Path | None = None) -> Any:
     """Import ``"pkg.mod:attr"`` (``root`` is put on ``sys.path`` first, for --ops-path specs)."""
-    if not re.fullmatch(_REF, ref):
-        raise ConfigError(f"bad reference {ref!r}", hint=_REF_HINT)
+    if not re.fullmatch(REF_PATTERN, ref):
+        raise ConfigError(f"bad reference {ref!r}", hint=REF_HINT)
     if root is not None and str(root) not in sys.path:
         sys.path.insert(0, str(root))
     module_name, attr = ref.split(":", 1)
