@@ -91,6 +91,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _emit(text: str, out: Path | None) -> None:
+    """Write ``text`` to ``out`` (parents created) or, without ``--out``, to stdout."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+
+
 def _publish(args: argparse.Namespace) -> int:
     publish(
         args.inputs,
@@ -112,11 +121,7 @@ def _diff(args: argparse.Namespace) -> int:
         text = diff_mod.dumps(result)
     else:
         text = diff_md.render(result.to_json(), args.report_url, args.max_bytes)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    _emit(text, args.out)
     if args.fail_on_regression and result.regression_count:
         raise CellsFailed(f"{result.regression_count} regression(s) between {args.base} and {args.head}")
     return 0
@@ -124,11 +129,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     text = bench_table.render(bench_table.load(args.inputs))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    _emit(text, args.out)
     return 0
 
 
@@ -136,11 +137,7 @@ def _inventory(args: argparse.Namespace) -> int:
     from reports import inventory
 
     text = inventory.build(args.ops_path, args.bench, args.copy_gbps, args.gemm_tflops)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    _emit(text, args.out)
     return 0
 
 

@@ -35,6 +35,7 @@ from statistics import median
 from typing import Any
 
 from reports.envs import gpu_name
+from validators.perf.stats import judge, mann_whitney_u
 from validators.result import CellResult
 
 PERF_CHECK = "perf"
@@ -81,6 +82,9 @@ def _run_record(point: Mapping[str, Any], run: str) -> dict[str, Any] | None:
     for name in ("iqr_us", "gbps", "tflops", "roofline_pct"):
         if (value := _num(point.get(name))) is not None:
             record[name] = value
+    # validators.checks.perf records the share of the measured copy ceiling as ``pct_copy``
+    if "roofline_pct" not in record and (pct := _num(point.get("pct_copy"))) is not None:
+        record["roofline_pct"] = pct
     if clean:
         record["samples_us"] = clean
     baseline = point.get("baseline")
@@ -185,31 +189,10 @@ class PerfRegression:
 def mann_whitney_greater(head: Sequence[float], base: Sequence[float]) -> float:
     """One-sided p-value that ``head`` is stochastically greater (slower) than ``base``.
 
-    Normal approximation with tie correction and continuity correction; fine for
-    the >= 5 samples per side the rule requires (benchmarks give dozens).
+    The test itself lives in :func:`validators.perf.stats.mann_whitney_u` (exact for
+    small samples, tie-corrected normal approximation otherwise): one rule, one place.
     """
-    n_h, n_b = len(head), len(base)
-    combined = sorted([(v, 0) for v in head] + [(v, 1) for v in base])
-    ranks = [0.0] * len(combined)
-    tie_term = 0.0
-    i = 0
-    while i < len(combined):
-        j = i
-        while j + 1 < len(combined) and combined[j + 1][0] == combined[i][0]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[k] = (i + j) / 2.0 + 1.0
-        tied = j - i + 1
-        tie_term += tied**3 - tied
-        i = j + 1
-    rank_sum_head = sum(r for r, (_, side) in zip(ranks, combined, strict=True) if side == 0)
-    u_head = rank_sum_head - n_h * (n_h + 1) / 2.0
-    n = n_h + n_b
-    variance = n_h * n_b / 12.0 * ((n + 1) - tie_term / (n * (n - 1)))
-    if variance <= 0:
-        return 1.0
-    z = (u_head - n_h * n_b / 2.0 - 0.5) / math.sqrt(variance)
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
+    return mann_whitney_u(head, base).p_value
 
 
 def _by_device(perf: Mapping[str, Any], environments: Mapping[str, Any]) -> dict[tuple[str, str, str], Any]:
@@ -229,7 +212,9 @@ def perf_regressions(
     base_series = _by_device(base.get("perf") or {}, base.get("environments") or {})
     head_series = _by_device(head.get("perf") or {}, head.get("environments") or {})
     found = []
-    for key in sorted(set(base_series) & set(head_series)):
+    common = sorted(set(base_series) & set(head_series))
+    n_compared = max(1, len(common))  # Bonferroni over every series this diff compares
+    for key in common:
         head_runs = head_series[key].get("runs") or []
         base_runs = base_series[key].get("runs") or []
         if not head_runs or not base_runs:
@@ -241,26 +226,31 @@ def perf_regressions(
             continue
         head_samples = list(newest.get("samples_us") or [])
         base_samples = [s for r in base_runs[-rule.base_runs :] for s in r.get("samples_us") or []]
-        if min(len(head_samples), len(base_samples)) < rule.min_samples:
-            continue
-        base_med, head_med = median(base_samples), median(head_samples)
-        change = head_med / base_med - 1.0 if base_med > 0 else 0.0
-        if change < rule.min_effect:
-            continue
-        p_value = mann_whitney_greater(head_samples, base_samples)
-        if p_value < rule.alpha:
+        verdict = judge(
+            base_samples,
+            head_samples,
+            alpha=rule.alpha,
+            min_effect=rule.min_effect,
+            min_samples=rule.min_samples,
+            n_comparisons=n_compared,
+        )
+        if verdict.regression:
+            assert verdict.base_median_us is not None
+            assert verdict.head_median_us is not None
+            assert verdict.ratio is not None
+            assert verdict.p_value is not None
             found.append(
                 PerfRegression(
                     cell=key[0],
                     env_key=str(head_series[key]["env_key"]),
                     gpu=key[1],
                     shape=key[2],
-                    base_median_us=base_med,
-                    head_median_us=head_med,
-                    change=change,
-                    p_value=p_value,
-                    n_base=len(base_samples),
-                    n_head=len(head_samples),
+                    base_median_us=verdict.base_median_us,
+                    head_median_us=verdict.head_median_us,
+                    change=verdict.ratio - 1.0,
+                    p_value=verdict.p_value,
+                    n_base=verdict.n_base,
+                    n_head=verdict.n_head,
                 )
             )
     return found

@@ -145,37 +145,15 @@ def match(names: Iterable[str], patterns: Sequence[str]) -> dict[str, list[str]]
     return {p: [n for n in names if matches(n, p)] for p in patterns}
 
 
-def dispatched_ops(fn: Callable[[], Any]) -> list[str]:
-    """Qualified names of the operators ``fn`` sends through the dispatcher, in first-call order.
-
-    A second witness beside the profiler on CPU, where a Triton kernel under the
-    interpreter leaves no kernel event: the custom op's own dispatcher event is
-    the evidence there, and torch 2.14 records none for a custom op whose
-    arguments are all tensors (measured: ``t::two(Tensor, Tensor)`` leaves no
-    event, ``t::twof(Tensor, Tensor, float)`` does).  A ``TorchDispatchMode``
-    sees every op that reaches the Python dispatch key — a custom op before its
-    kernel runs, aten ops a decomposition produced — so a decomposed op still
-    shows as its aten pieces, never as the custom op.
-    """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    seen: dict[str, None] = {}
-
-    class _Log(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            seen.setdefault(func._schema.name, None)
-            return func(*args, **(kwargs or {}))
-
-    with _Log():
-        fn()
-    return list(seen)
-
-
 def executed_custom_ops(fn: Callable[[], Any], qualnames: Sequence[str]) -> list[str]:
     """Which of ``qualnames`` (``torch.library.custom_op`` ops) had their own Python body run in ``fn``.
 
-    The CPU witness for compiled artifacts: a dispatch mode would make Dynamo skip
-    its compiled frames, but a profile hook (``sys.setprofile``) does not, and it
+    The CPU witness beside the profiler, where a Triton kernel under the
+    interpreter leaves no kernel event and torch 2.14 records no dispatcher event
+    for a custom op whose arguments are all tensors (measured: ``t::two(Tensor,
+    Tensor)`` leaves none, ``t::twof(Tensor, Tensor, float)`` does).  A dispatch
+    mode would make Dynamo skip its compiled frames; a profile hook
+    (``sys.setprofile``) does not, and it
     sees the custom op's own implementation function (``_init_fn``) execute
     inside the compiled program.  An op that
     was decomposed or replaced never runs its body, so it is never reported.
