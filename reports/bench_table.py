@@ -13,6 +13,7 @@ fastest says by how much it trails — misses are shown, not hidden.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -79,12 +80,14 @@ def _untimed(r: dict[str, Any]) -> str:
     return f"\n- not timed: {r['impl']} {r['shape']} {r['direction']}: {r.get('error', '?')}"
 
 
+def shape_size(shape: str) -> int:
+    """Elements of a benchmark shape label: ``"32768x8192"``, ``"4x4096x32x128 bhsd"``."""
+    return math.prod(int(p) for p in shape.split(maxsplit=1)[0].split("x") if p.isdigit())
+
+
 def _order(item: tuple[tuple[str, str, str], Any]) -> tuple[int, str, str]:
     (shape, dtype, direction), _ = item
-    size = 1
-    for part in shape.split("x"):
-        size *= int(part) if part.isdigit() else 1
-    return size, dtype, direction
+    return shape_size(shape), dtype, direction
 
 
 def _verdict(by_impl: dict[str, dict[str, Any]]) -> str:

@@ -16,6 +16,7 @@ each is memory- or compute-bound, and how close it gets to the roofline.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,7 @@ BF16_ITEMSIZE = 2
 
 
 def _elements(shape: Sequence[int]) -> int:
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count
+    return math.prod(int(d) for d in shape)
 
 
 def _largest(spec: OpSpec) -> tuple[int, ...]:
@@ -52,11 +50,6 @@ def intensity(spec: OpSpec) -> float | None:
     return flops / nbytes
 
 
-def _bench_size(row: Mapping[str, Any]) -> int:
-    """Elements of a benchmark row's shape (``"32768x8192"``, ``"4x4096x32x128 bhsd"``)."""
-    return _elements([int(p) for p in str(row["shape"]).split()[0].split("x")])
-
-
 def achieved(op: str, docs: Iterable[Mapping[str, Any]]) -> str:
     """Best forward % of copy bandwidth of an opgate implementation at the largest benchmarked shape."""
     rows = [
@@ -70,8 +63,8 @@ def achieved(op: str, docs: Iterable[Mapping[str, Any]]) -> str:
     ]
     if not rows:
         return "–"
-    size = max(_bench_size(r) for r in rows)
-    best = max(r["pct_copy"] for r in rows if _bench_size(r) == size)
+    size = max(bench_table.shape_size(str(r["shape"])) for r in rows)
+    best = max(r["pct_copy"] for r in rows if bench_table.shape_size(str(r["shape"])) == size)
     return f"{best:.0f}% of copy"
 
 
