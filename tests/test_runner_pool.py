@@ -141,3 +141,20 @@ def test_kept_spare_is_warm_before_a_failure_asks_for_a_rerun(tmp_path: Path) ->
     assert rerun_pid != first_pid  # a fresh process for the re-run...
     rerun_worker = next(w for w in pool.workers if w.pid == rerun_pid)
     assert rerun_worker.started < first_done  # ...started before the failure came back
+
+
+def test_contained_cells_share_a_worker_until_one_does_not_pass(tmp_path: Path) -> None:
+    """CUDA-graph cells reuse the worker while they pass; a failure retires it before the next cell."""
+    tasks = [
+        task(tmp_path, shapes="a", contain=True),
+        task(tmp_path, shapes="b", contain=True),
+        task(tmp_path, layout="misaligned", dtype="fp16", contain=True),  # fails
+        task(tmp_path, shapes="c", contain=True),
+        task(tmp_path, shapes="d"),
+    ]
+    pool, done = run_pool(tmp_path, tasks)
+    pids = [probe(done[t.cell.id])["pid"] for t in tasks]
+    assert pids[0] == pids[1] == pids[2]  # passing contained cells kept their worker
+    assert pids[3] != pids[2]  # the failed one retired it
+    assert pids[4] == pids[3]
+    assert any(w.end == "contained cell did not pass" for w in pool.workers)

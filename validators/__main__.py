@@ -69,12 +69,52 @@ def parser() -> argparse.ArgumentParser:
         "collect", help="write results.json and junit.xml from the cells/ of an interrupted run"
     )
     collect.add_argument("--out", type=Path, required=True, metavar="DIR", help="the run's output folder")
+    brk = sub.add_parser("breakdown", help="where a finished run's wall time went (build, compile, harness)")
+    brk.add_argument(
+        "dirs", type=Path, nargs="+", metavar="DIR", help="run folders (results.json + run.json)"
+    )
+    brk.add_argument("--json", action="store_true", help="JSON instead of the table")
     return ap
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
     """SIGTERM (a cancelled CI job) unwinds like Ctrl-C, so workers are stopped, not orphaned."""
     raise KeyboardInterrupt
+
+
+def _collect(out: Path) -> int:
+    from validators.collect import collect as collect_cells
+
+    try:
+        done = collect_cells(out, note="collected after the run")
+    except OpgateError as err:
+        print(err.message(), file=sys.stderr)
+        return err.exit_code
+    print(f"{len(done.cells)} cells -> {out / 'results.json'}, {out / 'junit.xml'}")
+    return 0
+
+
+def _breakdown(dirs: Sequence[Path], as_json: bool) -> int:
+    import json
+
+    from matrix.errors import ResultsFormatError
+    from validators.breakdown import breakdown, format_breakdown
+
+    out = {}
+    for folder in dirs:
+        try:
+            cells = json.loads((folder / "results.json").read_text())["cells"]
+            run = json.loads((folder / "run.json").read_text())
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            err = ResultsFormatError(f"{folder}: not a finished run folder ({type(exc).__name__}: {exc})")
+            print(err.message(), file=sys.stderr)
+            return err.exit_code
+        out[str(folder)] = breakdown(cells, run)
+    if as_json:
+        print(json.dumps(out, indent=1))
+    else:
+        print("\n\n".join(f"{name}\n{format_breakdown(b)}" for name, b in out.items()))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,15 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(err.message(), file=sys.stderr)
         return err.exit_code
     if args.command == "collect":
-        from validators.collect import collect as collect_cells
-
-        try:
-            done = collect_cells(args.out, note="collected after the run")
-        except OpgateError as err:
-            print(err.message(), file=sys.stderr)
-            return err.exit_code
-        print(f"{len(done.cells)} cells -> {args.out / 'results.json'}, {args.out / 'junit.xml'}")
-        return 0
+        return _collect(args.out)
+    if args.command == "breakdown":
+        return _breakdown(args.dirs, as_json=args.json)
     from validators.runner import Runner, RunOptions
 
     options = RunOptions(

@@ -26,9 +26,16 @@ from typing import Any
 
 from matrix.cell import Cell, torch_major_minor
 
-#: Modes whose runtime state cannot be trusted to stay inside one cell (CUDA graphs
-#: pools, AOTInductor loaders that segfault, loaded extension .so files): fresh worker.
-ISOLATED_MODES = frozenset({"cudagraphs", "aoti", "build"})
+#: Modes whose runtime state cannot be trusted to stay inside one cell (AOTInductor
+#: loaders that segfault, loaded extension .so files): a fresh worker per cell.
+ISOLATED_MODES = frozenset({"aoti", "build"})
+#: Modes that share a reusable worker only while they pass.  ``dynamo.reset()``
+#: drops CUDA graph trees and their memory pools between cells, and the health
+#: probe catches a stream left capturing; a cell that does not pass still retires
+#: its worker, so state from a failed capture never reaches the next cell.  (A
+#: fresh worker per cudagraphs cell cost ~10 s of start-up on the H200 for ~3 s
+#: of work.)
+CONTAINED_MODES = frozenset({"cudagraphs"})
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Placement:
     skip_reason: str = ""
     arch: str = "cpu"  # cuda cells: GPUs with this arch may run it
     isolate: bool = False
+    contain: bool = False  # reusable worker, retired unless the cell passes
 
 
 def installed_torch() -> str | None:
@@ -137,7 +145,7 @@ def place(
         return Placement("cpu", isolate=isolate)
     if not any(g.arch == cell.arch for g in gpus):
         return Placement(None, f"no {cell.arch} device here")
-    return Placement("cuda", arch=cell.arch, isolate=isolate)
+    return Placement("cuda", arch=cell.arch, isolate=isolate, contain=cell.mode in CONTAINED_MODES)
 
 
 def default_jobs() -> int:

@@ -30,6 +30,8 @@ from validators.device import Gpu
 from validators.workerproc import WorkerConfig, WorkerProcess, exit_description
 
 STARTUP_TIMEOUT_S = 300.0
+#: Verdicts after which a contained cell's worker may run the next cell.
+CONTAINED_OK = frozenset({"pass", "skip", "unsupported"})
 #: Consecutive start-up failures after which a worker kind is given up (its cells -> error).
 MAX_STARTUP_FAILURES = 2
 STACK_DUMP_GRACE_S = 0.5
@@ -48,6 +50,7 @@ class Task:
     workdir: Path
     attempt: int = 1
     fresh: bool = False  # run in a throw-away worker
+    contain: bool = False  # retire the (reusable) worker unless this cell passes
 
 
 @dataclass
@@ -76,6 +79,14 @@ class Lane:
         if self.gpu is None:
             return task.kind in ("cpu", "build")
         return task.kind == "cuda" and task.arch == self.gpu.arch
+
+
+def _all_ok(outcome: dict[str, Any]) -> bool:
+    """The outcome's verdict (or, when the worker left it to the checks, every check) is benign."""
+    raw = outcome.get("verdict")
+    if raw:
+        return raw in CONTAINED_OK
+    return all(isinstance(c, dict) and c.get("status") in CONTAINED_OK for c in outcome.get("checks") or [])
 
 
 def _usable(worker: WorkerProcess | None, kind: str) -> bool:
@@ -257,6 +268,9 @@ class Pool:
                 self._retire(worker, "isolated cell done")
             elif not msg.get("healthy", True):
                 self._retire(worker, "unhealthy after cell")
+                lane.reusable = None
+            elif task.contain and not _all_ok(outcome):
+                self._retire(worker, "contained cell did not pass")
                 lane.reusable = None
             self._finish(task, attempt)
 

@@ -36,6 +36,7 @@ from matrix.cell import Cell
 from matrix.errors import CellsFailed, OpgateError
 from validators import device, env
 from validators.attempts import AttemptView, merge_attempts, wants_retry
+from validators.breakdown import breakdown
 from validators.cache import VerdictCache, environment_identity
 from validators.cache import default_root as default_cache_root
 from validators.device import Gpu, Placement, Plan, plan_cells
@@ -54,6 +55,29 @@ DEFAULT_TIMEOUTS: Mapping[str, float] = {
     "aoti": 600.0,
     "build": 900.0,
 }
+#: Relative cost of a cell by mode, for scheduling only: the expensive cells start
+#: first, so the run does not end with one lane compiling while the others idle.
+MODE_COST: Mapping[str, int] = {"build": 5, "aoti": 4, "compile": 3, "cudagraphs": 3, "export": 2}
+
+
+def longest_first(cells: Sequence[Cell]) -> list[Cell]:
+    """Cells by expected cost, most expensive first; within a cost, (op, impl) groups take turns.
+
+    Taking turns keeps the lanes from all starting on one CUDA C++ op at once
+    and then waiting on its (locked, minute-long) cold build together.
+    """
+    tiers: dict[int, dict[tuple[str, str], list[Cell]]] = {}
+    for cell in cells:
+        tier = tiers.setdefault(-MODE_COST.get(cell.mode, 1), {})
+        tier.setdefault((cell.op, cell.impl), []).append(cell)
+    ordered: list[Cell] = []
+    for cost in sorted(tiers):
+        groups = list(tiers[cost].values())
+        for turn in range(max(len(g) for g in groups)):
+            ordered.extend(g[turn] for g in groups if turn < len(g))
+    return ordered
+
+
 REPRO_OUT = "/tmp/opgate-repro"  # noqa: S108 - a suggestion printed for humans, never written by opgate
 
 
@@ -153,7 +177,7 @@ class Runner:
         gpus = self._prepare()
         placements = self._plan.placements
         runnable = [c for c in self._plan.cells if placements[c.id].kind and not self._serve_cached(c)]
-        tasks = [self._task(c, placements[c.id]) for c in runnable]
+        tasks = [self._task(c, placements[c.id]) for c in longest_first(runnable)]
         self.timings["plan_s"] = time.monotonic() - t0
         self._run(tasks, gpus)
         for cell in self._plan.cells:
@@ -255,6 +279,7 @@ class Runner:
             log=self._log(cell),
             workdir=self.out / "work" / cell.id,
             fresh=placement.isolate,
+            contain=placement.contain,
         )
 
     def _log(self, cell: Cell) -> Path:
@@ -290,7 +315,7 @@ class Runner:
         pool = self._pool
         workers = [w.record(pool.t0) for w in pool.workers] if pool else []
         ran = [c for c in run.cells if c.id not in set(self.cached)]
-        return {
+        record: dict[str, Any] = {
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "cells_s": round(sum(c.duration_s for c in ran), 3),
             "worker_startup_s": round(sum(w["startup_s"] for w in workers), 3),
@@ -298,3 +323,5 @@ class Runner:
             "cached_cells": self.cached,
             "workers": workers,
         }
+        record["breakdown"] = breakdown([c.to_json() for c in run.cells], record)
+        return record

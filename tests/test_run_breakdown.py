@@ -1,0 +1,99 @@
+"""Where a run's time went: categories from check durations, the harness share from wall x lanes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from matrix.cell import Cell
+from validators.__main__ import main
+from validators.breakdown import breakdown, category, format_breakdown
+from validators.runner import longest_first
+
+
+def _cell(cid: str, checks: dict[str, float], duration: float) -> dict[str, object]:
+    return {
+        "id": cid,
+        "duration_s": duration,
+        "checks": [{"name": n, "status": "pass", "duration_s": s} for n, s in checks.items()],
+    }
+
+
+CELLS = [
+    _cell("a", {"compile": 4.0, "correctness": 1.0, "evidence": 0.5}, 6.0),
+    _cell("b", {"build": 8.0}, 8.5),
+    _cell("c", {"cudagraphs": 2.0, "correctness": 0.5, "attempt_1": 1.0}, 4.0),
+    _cell("cached", {"compile": 100.0}, 100.0),
+    {"id": "skipped", "duration_s": 0.0, "checks": []},
+]
+RUN = {
+    "timings": {"wall_s": 10.0},
+    "cached_cells": ["cached"],
+    "workers": [
+        {"name": "cuda-gpu0-1", "startup_s": 2.0, "cells": ["a", "c"]},
+        {"name": "build-cpu0-2", "startup_s": 1.5, "cells": ["b"]},
+        {"name": "cuda-gpu0-3", "startup_s": 2.0, "cells": []},  # a spare never used
+    ],
+}
+
+
+def test_categories() -> None:
+    assert [category(n) for n in ("build", "sass", "cudagraphs", "export", "evidence", "gradcheck")] == [
+        "build", "build", "compile", "compile", "profiling", "kernel runs",
+    ]  # fmt: skip
+    assert category("attempt_2") == "re-runs"
+    assert category("opcheck:test_aot_dispatch_dynamic") == "compile"
+
+
+def test_breakdown_splits_capacity_into_work_and_harness() -> None:
+    b = breakdown(CELLS, RUN)
+    assert b["lanes"] == ["cpu0", "gpu0"]  # the unused spare's lane counts once, via the used worker
+    assert b["capacity_s"] == 20.0
+    assert b["work_s"] == {"build": 8.0, "compile": 6.0, "kernel runs": 1.5, "profiling": 0.5, "re-runs": 1.0}
+    assert b["harness_s"] == 3.0  # 20 - 17
+    assert b["harness_share"] == 0.15
+    assert (b["cells_ran"], b["cells_cached"]) == (3, 1)  # the cached cell's 100 s are not this run's
+    assert b["harness_parts_s"]["cell set-up outside checks"] == 1.5
+    text = format_breakdown(b)
+    assert "harness" in text
+    assert "15.0%" in text
+
+
+def test_cli_prints_a_finished_run_and_refuses_a_bad_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "results.json").write_text(json.dumps({"cells": CELLS}))
+    (tmp_path / "run.json").write_text(json.dumps(RUN))
+    assert main(["breakdown", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[str(tmp_path)]["harness_s"] == 3.0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["breakdown", str(empty)]) == 7
+    assert "not a finished run folder" in capsys.readouterr().err
+
+
+def test_expensive_modes_are_scheduled_first() -> None:
+    cells = [Cell("op", "triton", "2.13.0", "13.0", "sm_90", "bf16", "contiguous", m) for m in
+             ("eager", "export", "cudagraphs", "build", "compile", "eager")]  # fmt: skip
+    assert [c.mode for c in longest_first(cells)] == [
+        "build",
+        "cudagraphs",
+        "compile",
+        "export",
+        "eager",
+        "eager",
+    ]
+
+
+def test_ops_take_turns_within_a_cost() -> None:
+    """Six lanes must not all start on one CUDA C++ op and wait on its build together."""
+    cells = [
+        Cell(op, impl, "2.13.0", "13.0", "sm_90", dtype, "contiguous", "eager")
+        for op, impl in (("rms_norm", "cuda"), ("silu_mul", "cuda"), ("rope", "triton"))
+        for dtype in ("fp32", "fp16", "bf16")
+    ]
+    order = [(c.op, c.dtype) for c in longest_first(cells)]
+    assert order[:3] == [("rms_norm", "fp32"), ("silu_mul", "fp32"), ("rope", "fp32")]
+    assert sorted(order) == sorted((c.op, c.dtype) for c in cells)

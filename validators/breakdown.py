@@ -1,0 +1,95 @@
+"""Where a run's wall time went: build, compile, kernel runs, profiling, and the harness itself.
+
+A PR gate is used only if it is fast, and it can only be made fast where the
+time is known.  The checks time themselves (``CheckResult.duration_s``); the
+runner knows its wall time and which lanes (worker slots) served cells.  The
+capacity of a run is ``wall x busy lanes``; whatever of it was not spent inside
+a check is the harness's: worker start-up not hidden behind other work, a
+cell's set-up (inputs, the float64 oracle, resets), scheduling, and lanes idle
+while the last cells finish.  That share is the figure to keep small: it is
+the part no faster kernel or warmer cache will shrink.
+
+``python -m validators breakdown DIR`` prints it for a finished run folder;
+the runner also stores it in ``run.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Check name -> category.  Compile-mode checks include the first (compiling)
+#: calls; build covers nvcc / ptxas and the binary listing.
+CATEGORIES: Mapping[str, str] = {
+    "build": "build",
+    "triton_build": "build",
+    "sass": "build",
+    "compile": "compile",
+    "cudagraphs": "compile",
+    "export": "compile",
+    "aoti": "compile",
+    "opcheck:test_aot_dispatch_dynamic": "compile",
+    "evidence": "profiling",
+}
+ORDER = ("build", "compile", "kernel runs", "profiling", "re-runs")
+
+
+def category(check_name: str) -> str:
+    if check_name.startswith("attempt_"):
+        return "re-runs"
+    return CATEGORIES.get(check_name, "kernel runs")
+
+
+def _lane(worker_name: str) -> str:
+    """``cuda-gpu0-7`` -> ``gpu0`` (worker names are ``{kind}-{lane}-{n}``)."""
+    parts = worker_name.split("-")
+    return parts[1] if len(parts) >= 3 else worker_name
+
+
+def breakdown(cells: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> dict[str, Any]:
+    """Seconds per category and the harness share, from results.json cells and run.json."""
+    cached = set(run.get("cached_cells") or [])
+    ran = [c for c in cells if c.get("id") not in cached and c.get("checks")]
+    per: dict[str, float] = dict.fromkeys(ORDER, 0.0)
+    cell_s = 0.0
+    for cell in ran:
+        cell_s += float(cell.get("duration_s") or 0.0)
+        for check in cell.get("checks") or []:
+            per[category(str(check.get("name")))] += float(check.get("duration_s") or 0.0)
+    workers = run.get("workers") or []
+    lanes = sorted({_lane(str(w.get("name"))) for w in workers if w.get("cells")})
+    wall = float((run.get("timings") or {}).get("wall_s") or 0.0)
+    capacity = wall * len(lanes)
+    work = sum(per.values())
+    harness = max(capacity - work, 0.0)
+    startup = sum(float(w.get("startup_s") or 0.0) for w in workers)
+    return {
+        "wall_s": round(wall, 2),
+        "cells_ran": len(ran),
+        "cells_cached": len(cached),
+        "lanes": lanes,
+        "capacity_s": round(capacity, 2),
+        "work_s": {k: round(v, 2) for k, v in per.items()},
+        "harness_s": round(harness, 2),
+        "harness_share": round(harness / capacity, 4) if capacity else 0.0,
+        "harness_parts_s": {
+            "worker start-up (summed, partly hidden)": round(startup, 2),
+            "cell set-up outside checks": round(max(cell_s - work, 0.0), 2),
+        },
+        "workers_started": len(workers),
+    }
+
+
+def format_breakdown(b: Mapping[str, Any]) -> str:
+    cap = float(b["capacity_s"]) or 1.0
+    head = (
+        f"wall {b['wall_s']:.1f} s, {len(b['lanes'])} busy lane(s) -> capacity {b['capacity_s']:.1f} lane-s; "
+        f"{b['cells_ran']} cells ran, {b['cells_cached']} cached, {b['workers_started']} workers started"
+    )
+    lines = [head]
+    for name, secs in b["work_s"].items():
+        lines.append(f"  {name:<12} {secs:9.1f} s  {100 * secs / cap:5.1f}%")
+    lines.append(f"  {'harness':<12} {b['harness_s']:9.1f} s  {100 * b['harness_share']:5.1f}%")
+    for name, secs in b["harness_parts_s"].items():
+        lines.append(f"    {name}: {secs:.1f} s")
+    return "\n".join(lines)
