@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
 from validators import env
+from validators.device import Gpu
+from validators.workerproc import WorkerConfig
 
 H200_FP = {
     "torch": "2.11.0+cu130",
@@ -76,3 +80,41 @@ def test_nvcc_version_is_read_from_the_binary() -> None:
 def test_nvcc_version_of_something_else_is_none() -> None:
     assert env.nvcc_version("/bin/true") is None
     assert env.nvcc_version("/no/such/nvcc") is None
+
+
+def _fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'echo "0, NVIDIA A100-SXM4-80GB, 8.0, 81920"\n'
+        'echo "1, NVIDIA H200, 9.0, 143771"\n'
+        'echo "2, NVIDIA H200, 9.0, 143771"\n'
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_gpu_list_from_nvidia_smi_follows_cuda_visible_devices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler's GPU list without importing torch, numbered as the workers' CUDA will number them."""
+    _fake_smi(tmp_path, monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    every = env.list_gpus()
+    assert every is not None
+    assert [(g["index"], g["capability"]) for g in every] == [(0, "8.0"), (1, "9.0"), (2, "9.0")]
+    assert every[1] == {"index": 1, "name": "NVIDIA H200", "capability": "9.0", "memory_gib": 140.4}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert [(g["index"], g["name"]) for g in env.list_gpus() or []] == [
+        (0, "NVIDIA H200"), (1, "NVIDIA A100-SXM4-80GB"),
+    ]  # fmt: skip
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,7,0")  # CUDA stops at the first invalid entry
+    assert [g["name"] for g in env.list_gpus() or []] == ["NVIDIA H200"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8a3c0b1e-0000")  # UUIDs: torch's probe decides
+    assert env.list_gpus() is None
+
+
+def test_gpu_workers_number_gpus_as_nvidia_smi_does() -> None:
+    cfg = WorkerConfig(logs=Path("/tmp/unused"))
+    worker_env = cfg.env("cuda", Gpu(1, "NVIDIA H200", "9.0"))
+    assert worker_env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

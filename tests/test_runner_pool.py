@@ -158,3 +158,23 @@ def test_contained_cells_share_a_worker_until_one_does_not_pass(tmp_path: Path) 
     assert pids[3] != pids[2]  # the failed one retired it
     assert pids[4] == pids[3]
     assert any(w.end == "contained cell did not pass" for w in pool.workers)
+
+
+def test_the_run_fingerprint_is_a_gpu_workers_when_one_said_hello(tmp_path: Path) -> None:
+    """Build workers see no GPU; the run's environment (env_key, GPU name) must come from a GPU worker."""
+
+    class Hello:
+        def __init__(self, kind: str, fp: dict[str, Any]) -> None:
+            self.kind, self.fingerprint = kind, fp
+
+        def hello(self, msg: dict[str, Any]) -> None:
+            self.fingerprint = msg["fingerprint"]
+
+    pool = Pool(WorkerConfig(logs=tmp_path), host_lanes=1)
+    build = {"env_key": "pt2.11-cpu", "gpus": []}
+    gpu = {"env_key": "pt2.11-H200-sm_90", "gpus": [{"name": "NVIDIA H200"}]}
+    pool._on_message(Hello("build", {}), {"type": "hello", "fingerprint": build})  # type: ignore[arg-type]
+    assert pool.fingerprint == build
+    pool._on_message(Hello("cuda", {}), {"type": "hello", "fingerprint": gpu})  # type: ignore[arg-type]
+    pool._on_message(Hello("build", {}), {"type": "hello", "fingerprint": build})  # type: ignore[arg-type]
+    assert pool.fingerprint == gpu

@@ -63,6 +63,7 @@ def breakdown(cells: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> dic
     work = sum(per.values())
     harness = max(capacity - work, 0.0)
     startup = sum(float(w.get("startup_s") or 0.0) for w in workers)
+    preload = sum(float(v) for v in (run.get("fork_server_preload_s") or {}).values())
     return {
         "wall_s": round(wall, 2),
         "cells_ran": len(ran),
@@ -73,6 +74,7 @@ def breakdown(cells: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> dic
         "harness_s": round(harness, 2),
         "harness_share": round(harness / capacity, 4) if capacity else 0.0,
         "harness_parts_s": {
+            "fork-server imports (summed, in parallel)": round(preload, 2),
             "worker start-up (summed, partly hidden)": round(startup, 2),
             "cell set-up outside checks": round(max(cell_s - work, 0.0), 2),
         },

@@ -27,8 +27,10 @@ from typing import Any
 from matrix.cell import Cell, torch_major_minor
 
 #: Modes whose runtime state cannot be trusted to stay inside one cell (AOTInductor
-#: loaders that segfault, loaded extension .so files): a fresh worker per cell.
-ISOLATED_MODES = frozenset({"aoti", "build"})
+#: loaders that segfault, loaded .so files): a fresh worker per cell.  ``build``
+#: cells are not among them: nvcc, Triton's cross-compile and cuobjdump all run
+#: in child processes, so a build worker's own state never changes.
+ISOLATED_MODES = frozenset({"aoti"})
 #: Modes that share a reusable worker only while they pass.  ``dynamo.reset()``
 #: drops CUDA graph trees and their memory pools between cells, and the health
 #: probe catches a stream left capturing; a cell that does not pass still retires
@@ -140,7 +142,7 @@ def place(
         path, reason = find_nvcc(cell.cuda, nvcc_finder)
         if path is None:
             return Placement(None, reason)
-        return Placement("build", arch=cell.arch, isolate=True)
+        return Placement("build", arch=cell.arch, isolate=isolate)
     if cell.arch == "cpu":
         return Placement("cpu", isolate=isolate)
     if not any(g.arch == cell.arch for g in gpus):

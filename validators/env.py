@@ -166,7 +166,7 @@ def probe(python: str = sys.executable, timeout_s: float = 300.0) -> dict[str, A
         capture_output=True,
         text=True,
         timeout=timeout_s,
-        env={**os.environ, "PYTHONPATH": worker_pythonpath()},
+        env={**os.environ, **DEVICE_ORDER, "PYTHONPATH": worker_pythonpath()},
         check=False,
     )
     if out.returncode != 0:
@@ -174,6 +174,45 @@ def probe(python: str = sys.executable, timeout_s: float = 300.0) -> dict[str, A
         raise RuntimeError(f"environment probe failed (exit {out.returncode}): {tail}")
     data: dict[str, Any] = json.loads(out.stdout)
     return data
+
+
+#: Numbering of GPUs that nvidia-smi and CUDA share; set for every GPU worker
+#: (CUDA's default, FASTEST_FIRST, may number mixed GPUs differently).
+DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def list_gpus(timeout_s: float = 30.0) -> list[dict[str, Any]] | None:
+    """The GPUs a worker may be given, from ``nvidia-smi`` in a fraction of a second, or None.
+
+    What the scheduler needs before any worker starts is the GPU list; a
+    ``torch`` probe costs 4-5 s on a GPU host (import, CUDA init), this costs
+    ~0.1 s.  Indices follow ``CUDA_VISIBLE_DEVICES`` as CUDA would (up to the
+    first entry that names no GPU) under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+    None (use :func:`probe`) without nvidia-smi, or when ``CUDA_VISIBLE_DEVICES``
+    names UUIDs or MIG slices.
+    """
+    smi = shutil.which("nvidia-smi")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [e.strip() for e in visible.split(",")] if visible is not None else None
+    if smi is None or (entries is not None and not all(e.isdigit() for e in entries if e)):
+        return None
+    query = "--query-gpu=index,name,compute_cap,memory.total"
+    try:
+        out = subprocess.run(
+            [smi, query, "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=timeout_s, check=True,
+        )  # fmt: skip
+        rows = [[c.strip() for c in line.split(",")] for line in out.stdout.strip().splitlines()]
+        by_index = {int(r[0]): {"name": r[1], "capability": r[2], "memory_gib": round(float(r[3]) / 1024, 1)}
+                    for r in rows}  # fmt: skip
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    order = sorted(by_index) if entries is None else []
+    for entry in entries or []:
+        if not entry.isdigit() or int(entry) not in by_index:
+            break  # CUDA ignores everything from the first invalid entry on
+        order.append(int(entry))
+    return [{"index": ordinal, **by_index[phys]} for ordinal, phys in enumerate(order)]
 
 
 def worker_pythonpath() -> str:

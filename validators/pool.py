@@ -27,9 +27,12 @@ from typing import Any
 
 from matrix.cell import Cell
 from validators.device import Gpu
-from validators.workerproc import WorkerConfig, WorkerProcess, exit_description
+from validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
 
 STARTUP_TIMEOUT_S = 300.0
+#: How long idle workers get, all together, to exit on EOF before their groups are killed
+#: (every result is already in; their exit only tidies Inductor's compile pools).
+SHUTDOWN_GRACE_S = 2.0
 #: Verdicts after which a contained cell's worker may run the next cell.
 CONTAINED_OK = frozenset({"pass", "skip", "unsupported"})
 #: Consecutive start-up failures after which a worker kind is given up (its cells -> error).
@@ -118,6 +121,7 @@ class Pool:
             for g in gpus
         ]
         self.workers: list[WorkerProcess] = []
+        self.launcher = Launcher(config)
         self.fingerprint: dict[str, Any] = {}
         self._sel = selectors.DefaultSelector()
         self._failures: collections.Counter[str] = collections.Counter()
@@ -128,6 +132,7 @@ class Pool:
     def run(self, tasks: Iterable[Task], on_done: Done) -> None:
         self._pending, self._on_done = collections.deque(tasks), on_done
         try:
+            self.launcher.prestart(sorted({t.kind for t in self._pending}))
             while self._pending or self._busy():
                 self._dispatch()
                 if self._pending and not self._busy():
@@ -192,8 +197,8 @@ class Pool:
                 continue
             nxt = next((t for t in self._pending if lane.can_run(t)), None)
             spare_kind = nxt.kind if nxt is not None and nxt.fresh else None
-            if spare_kind is None and self.keep_spare:
-                spare_kind = lane.task.kind
+            if spare_kind is None and self.keep_spare and lane.current is not None and lane.current.ready:
+                spare_kind = lane.task.kind  # not before: spares must not slow the first start-ups
             if (
                 spare_kind is not None
                 and not self._failures[spare_kind]
@@ -228,9 +233,7 @@ class Pool:
             worker.send(msg)
 
     def _spawn(self, kind: str, lane: Lane) -> WorkerProcess:
-        name = f"{kind}-{lane.name}-{len(self.workers) + 1}"
-        cfg = self.config
-        worker = WorkerProcess(name, kind, cfg.argv(kind), cfg.env(kind, lane.gpu), cfg.logs / f"{name}.log")
+        worker = self.launcher.spawn(f"{kind}-{lane.name}-{len(self.workers) + 1}", kind, lane.gpu)
         self.workers.append(worker)
         self._sel.register(worker.fd, selectors.EVENT_READ, worker)
         return worker
@@ -253,7 +256,8 @@ class Pool:
         lane = self._lane_running(worker)
         if msg.get("type") == "hello":
             worker.hello(msg)
-            self.fingerprint = self.fingerprint or worker.fingerprint
+            if not self.fingerprint or (worker.kind == "cuda" and not self.fingerprint.get("gpus")):
+                self.fingerprint = worker.fingerprint  # a GPU worker's, when there is one: it sees the GPUs
             self._failures[worker.kind] = 0
             if lane is not None and not lane.sent_at:
                 self._send(lane)
@@ -348,13 +352,15 @@ class Pool:
             worker.retiring = True
             worker.end = worker.end or ("run interrupted" if force else "run finished")
             worker.close()
+        grace = time.monotonic() + SHUTDOWN_GRACE_S
         for worker in self.workers:
             self._unregister(worker)
             if force:
                 worker.kill()
             else:
-                worker.wait(timeout=5.0)
+                worker.wait(timeout=max(grace - time.monotonic(), 0.05))
             worker.release()
+        self.launcher.stop()
         self._sel.close()
         self.shutdown_s = time.monotonic() - t
 

@@ -22,6 +22,7 @@ Output folder::
 from __future__ import annotations
 
 import json
+import os
 import random
 import shlex
 import sys
@@ -161,7 +162,7 @@ class Runner:
         """The run's fingerprint: the GPU probe's, a worker's, a cached record's, or a late probe's."""
         if self._env is not None:
             return self._env
-        fp = self._probe or (self._pool.fingerprint if self._pool else {})
+        fp = (self._pool.fingerprint if self._pool else {}) or self._probe or {}
         fp = fp or (self.results[self.cached[0]].env if self.cached else {})
         if not fp:
             try:
@@ -209,17 +210,23 @@ class Runner:
         opts = self.options
         cells = load_cells(opts.config, self.ops_paths, list(opts.select), list(opts.skip))
         self._specs = dict(load_specs(self.ops_paths))
+        listed: list[dict[str, Any]] = []
         if device.gpu_hardware_possible():
             t = time.monotonic()
-            try:
-                self._probe = env.probe(self.python)
-            except (OSError, RuntimeError, ValueError) as exc:
-                raise OpgateError(f"cannot probe this machine's GPUs: {exc}") from exc
+            fast = env.list_gpus()
+            if fast is not None:
+                listed = fast
+            else:
+                try:
+                    self._probe = env.probe(self.python)
+                except (OSError, RuntimeError, ValueError) as exc:
+                    raise OpgateError(f"cannot probe this machine's GPUs: {exc}") from exc
+                listed = list(self._probe.get("gpus") or [])
             self.timings["probe_s"] = time.monotonic() - t
-        gpus = device.gpus_from_fingerprint(self._probe or {})
+        gpus = device.gpus_from_fingerprint({"gpus": listed})
         finder = device.default_nvcc_finder()
         self._plan = plan_cells(cells, self._specs, device.installed_torch(), gpus, finder)
-        identity = environment_identity((self._probe or {}).get("gpus") or [], self._plan.nvcc)
+        identity = environment_identity(listed, self._plan.nvcc)
         self._cache = VerdictCache(opts.cache_dir or default_cache_root(), identity)
         self.out.mkdir(parents=True, exist_ok=True)
         _clear_outputs(self.out)
@@ -243,6 +250,7 @@ class Runner:
             ops_paths=self.ops_paths,
             threads=device.threads_per_worker(jobs + len(gpus) * opts.gpu_workers),
             python=self.python,
+            fork_server=os.environ.get("OPGATE_FORK_SERVER", "1") != "0",
         )
         self._pool = pool = Pool(
             config, jobs, gpus, keep_spare=opts.retries > 0, gpu_workers=opts.gpu_workers
@@ -319,6 +327,7 @@ class Runner:
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "cells_s": round(sum(c.duration_s for c in ran), 3),
             "worker_startup_s": round(sum(w["startup_s"] for w in workers), 3),
+            "fork_server_preload_s": dict(pool.launcher.preload_s) if pool else {},
             "other_torch_cells": self._plan.other_torch,
             "cached_cells": self.cached,
             "workers": workers,

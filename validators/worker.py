@@ -37,6 +37,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -138,6 +139,8 @@ def _reset_between_cells() -> None:
 
 
 RunCell = Callable[..., Any]
+#: Imported before the first cell's timeout starts (and before a fork server forks).
+PRELOAD_OPTIONAL = ("triton", "torch._dynamo")
 
 
 def run_task(
@@ -199,39 +202,65 @@ def _send(channel: IO[str], msg: Mapping[str, Any]) -> None:
     channel.flush()
 
 
-def serve(argv: Sequence[str] | None = None) -> int:
-    """Worker entry point: start up once, then run tasks from stdin until it closes."""
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m validators.worker")
     ap.add_argument("--kind", choices=("cpu", "cuda", "build"), required=True)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--ops-path", action="append", default=[], type=Path)
-    args = ap.parse_args(argv)
-    channel = _channel()
-    _die_with_parent()
-    faulthandler.enable(all_threads=True)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    t0 = time.perf_counter()
-    if args.kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        print("cpu worker started without TRITON_INTERPRET=1", file=sys.stderr)
-        return 2
-    import torch
+    ap.add_argument(
+        "--fork-server", type=int, metavar="FD", help="serve forks on this socket (see forkserver)"
+    )
+    return ap.parse_args(argv)
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    with contextlib.suppress(ImportError):
-        import triton  # noqa: F401 - pay its import once, before the first cell's timeout starts
-    with contextlib.suppress(ImportError):
-        import torch._dynamo
+
+def preload(ops_paths: Sequence[Path]) -> tuple[Mapping[str, Any], RunCell]:
+    """Import what every cell needs (torch, Triton, Dynamo, the checks) and load the specs.
+
+    Touches no GPU: a fork server calls it once and forks workers from the
+    result, and CUDA must not be initialised before a fork.
+    """
+    import importlib
+
+    importlib.import_module("torch")
+    for optional in PRELOAD_OPTIONAL:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(optional)
 
     from ops.spec import load_specs
     from validators.checks import run_cell
+
+    return load_specs(list(ops_paths)), run_cell
+
+
+def arm() -> None:
+    """Die with the parent; dump every thread's stack on a crash, or on SIGUSR1 (a hang)."""
+    _die_with_parent()
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """What a worker needs from start-up: its kind, thread count, the op specs and the check runner."""
+
+    kind: str
+    threads: int
+    specs: Mapping[str, Any]
+    run_cell: RunCell
+
+
+def serve_loop(channel: IO[str], pre: Preloaded, t0: float) -> int:
+    """Say hello (with this process's fingerprint), then run tasks from stdin until it closes."""
+    import torch
+
     from validators.env import fingerprint
 
-    specs = load_specs(list(args.ops_path))
+    if pre.threads > 0:
+        torch.set_num_threads(pre.threads)
     hello = {
         "type": "hello",
         "pid": os.getpid(),
-        "kind": args.kind,
+        "kind": pre.kind,
         "startup_s": round(time.perf_counter() - t0, 3),
         "fingerprint": jsonable(fingerprint()),
     }
@@ -239,11 +268,30 @@ def serve(argv: Sequence[str] | None = None) -> int:
     for line in sys.stdin:
         if not line.strip():
             continue
-        reply = run_task(json.loads(line), specs, run_cell, args.kind)
+        reply = run_task(json.loads(line), pre.specs, pre.run_cell, pre.kind)
         _send(channel, jsonable(reply))
         if not reply["healthy"]:
             return 3
     return 0
+
+
+def serve(argv: Sequence[str] | None = None) -> int:
+    """Worker entry point: start up once, then serve cells (or, with --fork-server, serve forks)."""
+    args = _parse(argv)
+    t0 = time.perf_counter()
+    if args.kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("cpu worker started without TRITON_INTERPRET=1", file=sys.stderr)
+        return 2
+    if args.fork_server is not None:
+        from validators.forkserver import serve_forks
+
+        os.dup2(2, 1)  # the fork server talks over its socket; prints go to its log
+        arm()
+        return serve_forks(args.fork_server, args.kind, args.threads, args.ops_path)
+    channel = _channel()
+    arm()
+    specs, run_cell = preload(args.ops_path)
+    return serve_loop(channel, Preloaded(args.kind, args.threads, specs, run_cell), t0)
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from validators.device import Gpu
-from validators.env import worker_pythonpath
+from validators.env import DEVICE_ORDER, worker_pythonpath
+from validators.forkserver import ForkedProcess, ForkServer
 from validators.worker import BUILD_ENV, CPU_ENV
 
 
@@ -42,18 +43,36 @@ def exit_description(returncode: int | None) -> str:
 class WorkerProcess:
     """Parent-side handle: spawn, send a task, read replies without blocking, kill."""
 
-    def __init__(self, name: str, kind: str, argv: Sequence[str], env: Mapping[str, str], log: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log: Path,
+        *,
+        server: ForkServer | None = None,
+    ) -> None:
         self.name, self.kind, self.log = name, kind, log
         log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as err:
-            self.proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=dict(env),
-                start_new_session=True,  # own process group: a kill takes its children too
-            )
+        self.proc: subprocess.Popen[bytes] | ForkedProcess
+        self.forked = False
+        if server is not None:
+            try:
+                self.proc, self.forked = server.fork(env, log), True
+            except OSError as exc:
+                with log.open("a") as f:
+                    f.write(f"fork server unusable ({exc}); starting a fresh interpreter\n")
+        if not self.forked:
+            with log.open("ab") as err:
+                self.proc = subprocess.Popen(
+                    list(argv),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    env=dict(env),
+                    start_new_session=True,  # own process group: a kill takes its children too
+                )
         assert self.proc.stdout is not None
         self.fd = self.proc.stdout.fileno()
         os.set_blocking(self.fd, False)
@@ -130,7 +149,10 @@ class WorkerProcess:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self._kill_group()
-            rc = self.proc.wait(timeout)
+            try:
+                rc = self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:  # a forked worker whose fork server is gone
+                rc = None
         self._kill_group()  # e.g. Inductor compile subprocesses orphaned by a crash
         return rc
 
@@ -175,6 +197,7 @@ class WorkerConfig:
     python: str = sys.executable
     module: str = "validators.worker"
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    fork_server: bool = False  # fork workers from one preloaded process per kind
 
     def argv(self, kind: str) -> list[str]:
         argv = [self.python, "-m", self.module, "--kind", kind, "--threads", str(self.threads)]
@@ -193,6 +216,7 @@ class WorkerConfig:
             env.pop("TRITON_INTERPRET", None)
         else:
             env.pop("TRITON_INTERPRET", None)
+            env.update(DEVICE_ORDER)  # the numbering the GPU list was made with
             env["CUDA_VISIBLE_DEVICES"] = visible_device(gpu.index if gpu else 0)
         return env
 
@@ -206,3 +230,36 @@ def visible_device(index: int, parent: str | None = None) -> str:
     parent = os.environ.get("CUDA_VISIBLE_DEVICES") if parent is None else parent
     listed = [d.strip() for d in (parent or "").split(",") if d.strip()]
     return listed[index] if index < len(listed) else str(index)
+
+
+class Launcher:
+    """Starts workers: forked from a per-kind fork server when configured, else fresh interpreters.
+
+    The servers of every kind a run needs are started together at the start
+    (their imports overlap), and stopped after the last worker is reaped.
+    """
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.servers: dict[str, ForkServer] = {}
+        self.preload_s: dict[str, float] = {}  # per kind: the fork server's imports (run.json)
+
+    def prestart(self, kinds: Sequence[str]) -> None:
+        if not self.config.fork_server:
+            return
+        for kind in kinds:
+            if kind not in self.servers:
+                log = self.config.logs / f"forkserver-{kind}.log"
+                self.servers[kind] = ForkServer(self.config.argv(kind), self.config.env(kind, None), log)
+
+    def spawn(self, name: str, kind: str, gpu: Gpu | None) -> WorkerProcess:
+        cfg = self.config
+        server = self.servers.get(kind)
+        log = cfg.logs / f"{name}.log"
+        return WorkerProcess(name, kind, cfg.argv(kind), cfg.env(kind, gpu), log, server=server)
+
+    def stop(self) -> None:
+        for kind, server in self.servers.items():
+            self.preload_s[kind] = server.preload_s if server.ready else 0.0
+            server.stop()
+        self.servers.clear()

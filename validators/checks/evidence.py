@@ -69,15 +69,21 @@ def applies(ctx: CellContext) -> str | None:
 
 
 def _compiled_reference_copies(ctx: CellContext, kind: str) -> list[str]:
-    """Copies the *compiled* reference makes on the same inputs.
+    """Copies the *compiled* reference makes on the same inputs, compiled the way the op was.
 
-    Inductor copies graph inputs that break its alignment assumption (a
-    misaligned base pointer on CUDA) before any kernel runs: the compiled
-    reference pays that copy too, so it is the compile path's cost, not a copy
-    the op hides.  Only consulted when the eager reference would flag copies,
-    so ordinary compile cells pay no second compilation.
+    Inductor copies graph inputs that break an alignment it assumed at compile
+    time (``copy_misaligned_inputs``) before any kernel runs.  Whether it
+    assumes alignment depends on the examples it compiled with and on dynamic
+    shapes, so the reference is compiled with the artifact's settings and fed
+    the same shapes in the same order as the compile check fed the op: a copy
+    both pay is the compile path's cost, a copy only the op pays is the op's.
+    Only consulted when the eager reference would flag copies, so ordinary
+    compile cells pay no second compilation.
     """
-    compiled = torch.compile(ctx.reference)
+    dynamic = bool(getattr(ctx.artifact, "dynamic", False))
+    compiled = torch.compile(ctx.reference, dynamic=True if dynamic else None)
+    for warm in ctx.inputs():
+        call(compiled, warm)
     sample = ctx.inputs()[0]
     call(compiled, sample)
     trace, _ = profile_call(

@@ -1,0 +1,65 @@
+"""Workers forked from a preloaded fork server: fast, isolated, and their deaths still reported.
+
+The runner's own runs (tests/test_runner_isolation.py, the zoo) go through the
+fork server too; these tests pin the mechanics: each worker is a fork with its
+own process group, a signal death reaches the pool as the signal, and a fork
+server that cannot start leaves the run on fresh interpreters.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
+
+
+def _hello(worker: WorkerProcess, timeout_s: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for msg in worker.read():
+            if msg.get("type") == "hello":
+                return msg
+        assert not worker.eof, worker.log.read_text()
+        time.sleep(0.01)
+    raise AssertionError("no hello")
+
+
+def test_forked_workers_start_fast_in_their_own_groups_and_report_signals(tmp_path: Path) -> None:
+    launcher = Launcher(WorkerConfig(logs=tmp_path, fork_server=True))
+    launcher.prestart(["cpu"])
+    try:
+        first = launcher.spawn("cpu-a-1", "cpu", None)
+        second = launcher.spawn("cpu-a-2", "cpu", None)
+        assert first.forked
+        assert second.forked
+        for worker in (first, second):
+            hello = _hello(worker)
+            assert float(hello["startup_s"]) < 1.0  # no torch import: it happened once, in the server
+            assert os.getpgid(worker.pid) == worker.pid  # its own group: a kill takes its children
+            assert hello["fingerprint"]["torch"]
+        os.kill(first.pid, signal.SIGSEGV)
+        assert exit_description(first.wait(timeout=10)) == "worker killed by SIGSEGV"
+        second.close()  # polite stop: EOF on stdin
+        assert second.wait(timeout=10) == 0
+    finally:
+        launcher.stop()
+
+
+def test_a_fork_server_that_cannot_start_leaves_fresh_interpreters(tmp_path: Path) -> None:
+    """The torch-free stand-in worker knows no --fork-server: the launcher falls back, the run goes on."""
+    cfg = WorkerConfig(logs=tmp_path, module="tests.fixtures_runner.fake_worker", fork_server=True)
+    launcher = Launcher(cfg)
+    launcher.prestart(["cpu"])
+    try:
+        worker = launcher.spawn("cpu-b-1", "cpu", None)
+        assert not worker.forked
+        assert "fork server unusable" in worker.log.read_text()
+        assert _hello(worker)["type"] == "hello"
+        worker.close()
+        assert worker.wait(timeout=10) == 0
+    finally:
+        launcher.stop()
