@@ -174,3 +174,24 @@ def test_executed_custom_ops_witnesses_the_body_inside_a_compiled_program() -> N
     inlined = torch.compile(lambda t: t * 2 + 1, fullgraph=True)
     inlined(a)
     assert executed_custom_ops(lambda: inlined(a), ["opgate_exec_test::double"]) == []
+
+
+def test_inductor_realignment_copies_are_told_apart_from_hidden_copies() -> None:
+    """A compiled graph served for aligned inputs copies a misaligned one: the compile path's cost."""
+    import torch
+
+    from ops.base import SampleInput
+    from validators.checks.evidence import misaligned_spans, realignment_copies
+    from validators.layouts import misaligned
+
+    x = misaligned(torch.randn(67, 1000, dtype=torch.bfloat16))
+    w = torch.randn(1000, dtype=torch.bfloat16)
+    sample = SampleInput(args=(x, w), kwargs={"eps": 1e-6})
+    assert misaligned_spans(sample) == []  # CPU inputs: Inductor realigns GPU inputs only
+    spans = misaligned_spans(sample, gpu_only=False)
+    assert spans == [67000]
+    realign = "aten::copy_ c10::BFloat16[67000] <- c10::BFloat16[67000]"
+    hidden = "aten::copy_ c10::BFloat16[67, 1000] <- c10::BFloat16[67, 1000]"
+    assert realignment_copies([realign, hidden], spans) == [realign]
+    assert realignment_copies([realign, realign], spans) == [realign]  # one per misaligned input
+    assert realignment_copies([hidden], spans) == []

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
 
 
@@ -61,5 +63,28 @@ def test_a_fork_server_that_cannot_start_leaves_fresh_interpreters(tmp_path: Pat
         assert _hello(worker)["type"] == "hello"
         worker.close()
         assert worker.wait(timeout=10) == 0
+    finally:
+        launcher.stop()
+
+
+def test_a_fork_server_whose_preload_touched_cuda_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forking after CUDA init gives workers that cannot use the GPU: the server must not serve then."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import torch\ntorch.cuda.is_initialized = lambda: True  # what an eager GPU import would leave\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    launcher = Launcher(WorkerConfig(logs=tmp_path / "logs", fork_server=True))
+    launcher.prestart(["cpu"])
+    try:
+        worker = launcher.spawn("cpu-c-1", "cpu", None)
+        assert not worker.forked
+        assert _hello(worker)["type"] == "hello"  # a fresh interpreter serves instead
+        assert "CUDA initialised while preloading" in (tmp_path / "logs" / "forkserver-cpu.log").read_text()
+        worker.close()
+        worker.wait(timeout=10)
     finally:
         launcher.stop()

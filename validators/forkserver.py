@@ -52,6 +52,11 @@ def serve_forks(fd: int, kind: str, threads: int, ops_paths: Sequence[Path]) -> 
     sock = socket.socket(fileno=fd)
     specs, run_cell = preload(ops_paths)
     pre = Preloaded(kind, threads, specs, run_cell)
+    import torch
+
+    if torch.cuda.is_initialized():  # e.g. a sitecustomize or an op module that touched the GPU
+        print("fork server: CUDA initialised while preloading; forks could not use it", file=sys.stderr)
+        return 3  # never ready: the launcher starts fresh interpreters instead
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
