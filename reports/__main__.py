@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="benchmark JSON to publish as bench.md and a section of compat.md (repeatable)",
     )
+    p.add_argument("--block", type=Path, metavar="FILE", help="decoder-block block.json to publish")
 
     b = sub.add_parser("bench", help="render committed benchmark JSON files as a Markdown table")
     b.add_argument("--in", dest="inputs", action="append", type=Path, required=True, metavar="FILE")
@@ -108,6 +109,7 @@ def _publish(args: argparse.Namespace) -> int:
         history=args.history,
         stream=sys.stdout,
         bench=args.bench,
+        block=args.block,
     )
     return 0
 

@@ -83,9 +83,15 @@ class Compat:
 def build(merged: Merged, history: Compat | None = None, generated_at: str | None = None) -> Compat:
     """The compat document for a merge, with perf history carried over from ``history``."""
     when = generated_at or now_utc()
-    new_series = series_from_results(
-        ((e.result, e.env_key, merged.environments.get(e.env_key, {})) for e in merged.entries), when
-    )
+    # a point of history is labelled with when its run finished, not when it was published
+    finished = {src.path: src.finished_at for src in merged.sources}
+    new_series = [
+        series
+        for e in merged.entries
+        for series in series_from_results(
+            [(e.result, e.env_key, merged.environments.get(e.env_key, {}))], finished.get(e.source) or when
+        )
+    ]
     old_series = (history.perf.get("series") or []) if history else []
     series = with_history(new_series, old_series)
     perf = {"history_limit": HISTORY_LIMIT, "samples_kept": SAMPLES_KEPT, "series": series}

@@ -83,8 +83,8 @@ def _summary_table(compat: Compat) -> str:
     )
 
 
-def render(compat: Compat) -> str:
-    """The whole page."""
+def render(compat: Compat, block_section: str = "") -> str:
+    """The whole page; ``block_section``: the decoder-block comparison's HTML, when published."""
     css = (STATIC / "dashboard.css").read_text()
     js = (STATIC / "dashboard.js").read_text()
     title = f"opgate compatibility matrix · {compat.generated_at}"
@@ -116,6 +116,7 @@ flaky · – untested here · ⊘ declared unsupported. "(binary only)": arch ve
 </section>
 <aside id="details" hidden aria-live="polite"></aside>
 <section id="perf"><h2>Performance</h2>{perf_section(compat.perf)}</section>
+{f'<section id="block"><h2>End to end: decoder block</h2>{block_section}</section>' if block_section else ""}
 </main>
 <script type="application/json" id="opgate-data">{embed_json(page_data(compat))}</script>
 <script>{js}</script>

@@ -12,9 +12,9 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from reports import bench_table, html, markdown
+from reports import bench_table, block_report, html, markdown
 from reports import compat as compat_mod
 from reports.merge import check_manifest, merge, read_runs
 from reports.view import terminal_summary
@@ -22,12 +22,13 @@ from reports.view import terminal_summary
 OUTPUT_FILES = ("compat.json", "compat.md", "index.html")
 
 
-def render_all(doc: compat_mod.Compat) -> dict[str, str]:
+def render_all(doc: compat_mod.Compat, block: dict[str, Any] | None = None) -> dict[str, str]:
     """Every published file's text (compat.json validated against its schema on the way)."""
+    extra = block_report.render_html(block) if block is not None else ""
     return {
         "compat.json": compat_mod.dumps(doc),
         "compat.md": markdown.render(doc),
-        "index.html": html.render(doc),
+        "index.html": html.render(doc, block_section=extra),
     }
 
 
@@ -55,22 +56,29 @@ def publish(
     history: Path | None = None,
     stream: TextIO | None = None,
     bench: Sequence[Path] = (),
+    block: Path | None = None,
 ) -> compat_mod.Compat:
     """Merge ``inputs`` and publish to ``out``; raises before writing anything on any problem.
 
     ``bench``: committed benchmark JSON files; their table becomes ``bench.md`` and a
     section of ``compat.md``, so release notes carry the performance figures too.
+    ``block``: the decoder block's ``block.json``; published as ``block.md``, a section
+    of ``compat.md`` and one of ``index.html``.
     """
     merged = merge(read_runs(inputs))
     if manifest is not None:
         check_manifest(merged, manifest)
     previous = compat_mod.load(history) if history is not None else None
     doc = compat_mod.build(merged, previous)
-    files = render_all(doc)
+    block_data = block_report.load(block) if block is not None else None
+    files = render_all(doc, block_data)
     if bench:
         table = bench_table.render(bench_table.load(bench))
         files["bench.md"] = table
         files["compat.md"] += "\n## Benchmarks\n\n" + table.split("\n", 1)[1].lstrip("\n")
+    if block_data is not None:
+        files["block.md"] = block_report.render_md(block_data)
+        files["compat.md"] += "\n## End to end\n\n" + files["block.md"]
     _install(files, out)
     if stream is not None:
         stream.write(terminal_summary(doc.entries, doc.environments) + "\n")

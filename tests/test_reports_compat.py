@@ -107,6 +107,7 @@ def test_perf_history_accumulates_and_prunes_samples(tmp_path: Path) -> None:
     assert [("samples_us" in r) for r in runs] == [False, False] + [True] * SAMPLES_KEPT
     assert runs[-1]["median_us"] > runs[0]["median_us"]  # the planted 1%-per-run drift is kept in order
     assert {"gbps", "roofline_pct", "iqr_us", "baseline"} <= set(runs[-1])
+    assert {r["run"] for r in runs} == {"2026-11-30T11:04:00Z"}  # labelled by the run, not the publish
 
 
 def test_history_survives_a_run_without_perf(tmp_path: Path) -> None:

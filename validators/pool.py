@@ -1,12 +1,15 @@
 """The worker pool: lanes of worker processes fed cells, watched for crashes and hangs.
 
 A *lane* runs one cell at a time: ``--jobs`` host lanes (cpu and build cells)
-and one lane per visible GPU (cuda cells of that GPU's arch).  A lane keeps a
-reusable worker (torch imported once for many cells) and, for cells that must
-be isolated (CUDA graphs, AOTI, build, re-runs), a throw-away worker that is
-started while the previous cell still runs (a *spare*), so isolation costs no
-start-up wait.  One thread, one ``select`` loop: no locks, and every deadline
-is checked in one place.
+and ``--gpu-workers`` lanes per visible GPU (cuda cells of that GPU's arch).  A
+lane keeps a reusable worker (torch imported once for many cells) and, for
+cells that must be isolated (AOTI, re-runs), a throw-away worker that is
+started while the previous cell still runs (a *spare*).  CUDA-graph cells are
+*contained*: they share the reusable worker while they pass, and one that does
+not pass retires it.  Workers are forked from a per-kind fork server
+(:mod:`validators.forkserver`) when the run allows, so a fresh worker costs
+milliseconds, not a torch import.  One thread, one ``select`` loop: no locks,
+and every deadline is checked in one place.
 
 A worker that dies charges only the cell it was running: the attempt becomes
 ``error`` naming the signal ("worker killed by SIGSEGV") and the lane starts a
