@@ -35,7 +35,7 @@ from validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_de
 STARTUP_TIMEOUT_S = 300.0
 #: How long idle workers get, all together, to exit on EOF before their groups are killed
 #: (every result is already in; their exit only tidies Inductor's compile pools).
-SHUTDOWN_GRACE_S = 2.0
+SHUTDOWN_GRACE_S = 0.5
 #: Verdicts after which a contained cell's worker may run the next cell.
 CONTAINED_OK = frozenset({"pass", "skip", "unsupported"})
 #: Consecutive start-up failures after which a worker kind is given up (its cells -> error).

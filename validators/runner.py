@@ -61,6 +61,14 @@ DEFAULT_TIMEOUTS: Mapping[str, float] = {
 MODE_COST: Mapping[str, int] = {"build": 5, "aoti": 4, "compile": 3, "cudagraphs": 3, "export": 2}
 
 
+def _say(text: str) -> None:
+    """Print the summary; a closed stdout (``| head``) must not turn a finished run into a traceback."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit too
+
+
 def longest_first(cells: Sequence[Cell]) -> list[Cell]:
     """Cells by expected cost, most expensive first; within a cost, (op, impl) groups take turns.
 
@@ -199,7 +207,7 @@ class Runner:
         self.timings["wall_s"] = time.monotonic() - t0
         _write_json(self.out / "run.json", self._run_record(run))
         other, wall = self._plan.other_torch, self.timings["wall_s"]
-        print(format_summary(run, wall, other, self.out, cached=len(self.cached)))
+        _say(format_summary(run, wall, other, self.out, cached=len(self.cached)))
         return run, (CellsFailed.exit_code if any(c.verdict.is_bad for c in run.cells) else 0)
 
     def _prepare(self) -> list[Gpu]:
