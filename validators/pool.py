@@ -24,79 +24,22 @@ import contextlib
 import selectors
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from matrix.cell import Cell
 from validators.device import Gpu
+from validators.lanes import Attempt, Lane, Task, all_ok, usable
 from validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
+
+__all__ = ["Attempt", "Pool", "Task"]
 
 STARTUP_TIMEOUT_S = 300.0
 #: How long idle workers get, all together, to exit on EOF before their groups are killed
 #: (every result is already in; their exit only tidies Inductor's compile pools).
 SHUTDOWN_GRACE_S = 0.5
-#: Verdicts after which a contained cell's worker may run the next cell.
-CONTAINED_OK = frozenset({"pass", "skip", "unsupported"})
 #: Consecutive start-up failures after which a worker kind is given up (its cells -> error).
 MAX_STARTUP_FAILURES = 2
 STACK_DUMP_GRACE_S = 0.5
-
-
-@dataclass
-class Task:
-    """One attempt at one cell."""
-
-    cell: Cell
-    kind: str  # cpu | cuda | build
-    arch: str
-    seed: int
-    timeout_s: float
-    log: Path
-    workdir: Path
-    attempt: int = 1
-    fresh: bool = False  # run in a throw-away worker
-    contain: bool = False  # retire the (reusable) worker unless this cell passes
-
-
-@dataclass
-class Attempt:
-    """What one attempt produced: the worker's outcome, or why there is none."""
-
-    outcome: dict[str, Any]
-    duration_s: float
-    worker: str = ""
-    timed_out: bool = False
-    retryable: bool = True
-
-
-@dataclass
-class Lane:
-    name: str
-    gpu: Gpu | None = None
-    reusable: WorkerProcess | None = None
-    spare: WorkerProcess | None = None
-    current: WorkerProcess | None = None
-    task: Task | None = None
-    sent_at: float = 0.0
-    deadline: float = 0.0
-
-    def can_run(self, task: Task) -> bool:
-        if self.gpu is None:
-            return task.kind in ("cpu", "build")
-        return task.kind == "cuda" and task.arch == self.gpu.arch
-
-
-def _all_ok(outcome: dict[str, Any]) -> bool:
-    """The outcome's verdict (or, when the worker left it to the checks, every check) is benign."""
-    raw = outcome.get("verdict")
-    if raw:
-        return raw in CONTAINED_OK
-    return all(isinstance(c, dict) and c.get("status") in CONTAINED_OK for c in outcome.get("checks") or [])
-
-
-def _usable(worker: WorkerProcess | None, kind: str) -> bool:
-    return worker is not None and worker.kind == kind and worker.alive
 
 
 Done = Callable[[Task, Attempt], Iterable[Task]]
@@ -171,12 +114,12 @@ class Pool:
     def _start(self, lane: Lane, task: Task) -> None:
         worker: WorkerProcess
         if task.fresh:
-            if lane.spare is not None and _usable(lane.spare, task.kind):
+            if lane.spare is not None and usable(lane.spare, task.kind):
                 worker, lane.spare = lane.spare, None
             else:
                 worker = self._spawn(task.kind, lane)
         else:
-            if lane.reusable is not None and not _usable(lane.reusable, task.kind):
+            if lane.reusable is not None and not usable(lane.reusable, task.kind):
                 self._retire(lane.reusable, "replaced by another kind")
                 lane.reusable = None
             if lane.reusable is None:
@@ -205,14 +148,14 @@ class Pool:
             if (
                 spare_kind is not None
                 and not self._failures[spare_kind]
-                and not _usable(lane.spare, spare_kind)
+                and not usable(lane.spare, spare_kind)
             ):
                 if lane.spare is not None:
                     self._retire(lane.spare, "spare of another kind")
                 lane.spare = self._spawn(spare_kind, lane)
             if nxt is None or nxt.fresh or self._failures[nxt.kind]:
                 continue
-            if lane.current is not lane.reusable and not _usable(lane.reusable, nxt.kind):
+            if lane.current is not lane.reusable and not usable(lane.reusable, nxt.kind):
                 if lane.reusable is not None:
                     self._retire(lane.reusable, "replaced by another kind")
                 lane.reusable = self._spawn(nxt.kind, lane)
@@ -276,7 +219,7 @@ class Pool:
             elif not msg.get("healthy", True):
                 self._retire(worker, "unhealthy after cell")
                 lane.reusable = None
-            elif task.contain and not _all_ok(outcome):
+            elif task.contain and not all_ok(outcome):
                 self._retire(worker, "contained cell did not pass")
                 lane.reusable = None
             self._finish(task, attempt)

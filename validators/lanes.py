@@ -1,0 +1,75 @@
+"""What the worker pool schedules: tasks (attempts at cells), their outcomes, and lanes.
+
+Kept apart from the scheduler (:mod:`validators.pool`) so the data it moves
+around can be read, and imported (the runner, the attempt merger), without
+the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matrix.cell import Cell
+from validators.device import Gpu
+from validators.workerproc import WorkerProcess
+
+#: Verdicts after which a contained cell's worker may run the next cell.
+CONTAINED_OK = frozenset({"pass", "skip", "unsupported"})
+
+
+@dataclass
+class Task:
+    """One attempt at one cell."""
+
+    cell: Cell
+    kind: str  # cpu | cuda | build
+    arch: str
+    seed: int
+    timeout_s: float
+    log: Path
+    workdir: Path
+    attempt: int = 1
+    fresh: bool = False  # run in a throw-away worker
+    contain: bool = False  # retire the (reusable) worker unless this cell passes
+
+
+@dataclass
+class Attempt:
+    """What one attempt produced: the worker's outcome, or why there is none."""
+
+    outcome: dict[str, Any]
+    duration_s: float
+    worker: str = ""
+    timed_out: bool = False
+    retryable: bool = True
+
+
+@dataclass
+class Lane:
+    name: str
+    gpu: Gpu | None = None
+    reusable: WorkerProcess | None = None
+    spare: WorkerProcess | None = None
+    current: WorkerProcess | None = None
+    task: Task | None = None
+    sent_at: float = 0.0
+    deadline: float = 0.0
+
+    def can_run(self, task: Task) -> bool:
+        if self.gpu is None:
+            return task.kind in ("cpu", "build")
+        return task.kind == "cuda" and task.arch == self.gpu.arch
+
+
+def all_ok(outcome: dict[str, Any]) -> bool:
+    """The outcome's verdict (or, when the worker left it to the checks, every check) is benign."""
+    raw = outcome.get("verdict")
+    if raw:
+        return raw in CONTAINED_OK
+    return all(isinstance(c, dict) and c.get("status") in CONTAINED_OK for c in outcome.get("checks") or [])
+
+
+def usable(worker: WorkerProcess | None, kind: str) -> bool:
+    return worker is not None and worker.kind == kind and worker.alive
