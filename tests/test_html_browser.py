@@ -316,6 +316,25 @@ def test_dashboard_loads_filters_and_opens_a_failing_cell(browser: Page, report:
     assert [u for u in browser.requested_urls() if not u.startswith(("file:", "data:"))] == []
 
 
+PUBLISHED = Path(__file__).resolve().parents[1] / "reports" / "published"
+
+
+def test_the_committed_published_page_loads_with_its_gpu_column_charts_and_block(browser: Page) -> None:
+    """reports/published/index.html as committed: H200 and CPU environments, perf history, the block."""
+    compat = json.loads((PUBLISHED / "compat.json").read_text())
+    before = len(browser.errors())
+    browser.open((PUBLISHED / "index.html").as_uri())
+    assert browser.errors()[before:] == []
+    assert int(browser.eval("document.querySelectorAll('#matrix .slot').length")) == expected_slots(compat)
+    assert "sm_90 (H200)" in browser.eval("document.getElementById('summary').innerText")
+    assert int(browser.eval("document.querySelectorAll('#perf svg.history polyline').length")) >= 1
+    block = browser.eval("document.getElementById('block').innerText")
+    assert "opgate/eager" in block
+    assert "torch/compile" in block
+    assert int(browser.eval("document.querySelectorAll('#block .bar').length")) == 8  # 4 variants x 2 phases
+    assert [u for u in browser.requested_urls() if not u.startswith(("file:", "data:"))] == []
+
+
 def test_error_detection_catches_a_broken_page(browser: Page, tmp_path: Path) -> None:
     """The console-error check itself can fail: a page that throws is reported."""
     page = tmp_path / "broken.html"
