@@ -121,3 +121,19 @@ def test_noxfile_bootstraps_nox_on_a_bare_python(tmp_path: Path) -> None:
     installed = run("-s", INSTALLED, "--", "--select", CPU_CELL)
     assert installed.returncode != 0
     assert f"{bare} has no torch installed" in installed.stdout + installed.stderr
+
+
+def test_strict_mode_counts_the_gates_red_verdicts(tmp_path: Path) -> None:
+    """``OPGATE_STRICT=1`` rejects exactly what ``Verdict.is_bad`` rejects (no second list)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("opgate_noxfile", NOXFILE)
+    assert spec is not None
+    assert spec.loader is not None
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    verdicts = ["pass", "fallback", "flaky", "skip", "unsupported", "fail", "error"]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"cells": [{"id": f"c-{v}", "verdict": v} for v in verdicts]}))
+    assert noxfile.red_cells(results) == ["c-fallback", "c-flaky", "c-fail", "c-error"]
+    assert noxfile.red_cells(tmp_path / "missing.json") == []
