@@ -252,7 +252,7 @@ class ForkedProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-            if self._server.proc.poll() is not None and self._server.sock.fileno() < 0:
+            if self._server.proc.poll() is not None:  # reports already in were drained by poll()
                 raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)  # no one left to report
             self._server._recv(min(left, 0.5))
         assert self.returncode is not None

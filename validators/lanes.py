@@ -13,10 +13,8 @@ from typing import Any
 
 from matrix.cell import Cell
 from validators.device import Gpu
+from validators.result import CheckResult, Verdict, combine
 from validators.workerproc import WorkerProcess
-
-#: Verdicts after which a contained cell's worker may run the next cell.
-CONTAINED_OK = frozenset({"pass", "skip", "unsupported"})
 
 
 @dataclass
@@ -64,11 +62,18 @@ class Lane:
 
 
 def all_ok(outcome: dict[str, Any]) -> bool:
-    """The outcome's verdict (or, when the worker left it to the checks, every check) is benign."""
-    raw = outcome.get("verdict")
-    if raw:
-        return raw in CONTAINED_OK
-    return all(isinstance(c, dict) and c.get("status") in CONTAINED_OK for c in outcome.get("checks") or [])
+    """The attempt's verdict is not bad (``Verdict.is_bad``), from the worker's wire outcome.
+
+    The worker may leave the verdict to its checks (``verdict`` None): then it is
+    :func:`validators.result.combine` of them, as for the recorded result.
+    """
+    try:
+        raw = outcome.get("verdict")
+        checks = [CheckResult.from_json(c) for c in outcome.get("checks") or []]
+        verdict = Verdict(raw) if raw else combine(checks)
+    except (KeyError, TypeError, ValueError):
+        return False  # an outcome that does not parse is the cell's error
+    return not verdict.is_bad
 
 
 def usable(worker: WorkerProcess | None, kind: str) -> bool:
