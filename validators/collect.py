@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 from matrix.errors import ResultsFormatError
 from validators.junit import write_junit
@@ -24,6 +25,13 @@ def _read(path: Path) -> CellResult:
         return CellResult.from_json(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError) as exc:
         raise ResultsFormatError(f"{path}: unreadable cell record: {exc}") from exc
+
+
+def write_run(run: RunResults, out: Path) -> dict[str, Any]:
+    """Write a run's ``results.json`` and ``junit.xml`` (complete or collected); return the results."""
+    doc = run.write(out / "results.json")
+    write_junit(run, out / "junit.xml")
+    return doc
 
 
 def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted") -> RunResults:
@@ -41,6 +49,5 @@ def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted")
         finished_at=stamp,
         argv=[*(argv or []), f"# collected from cells/ ({note})"],
     )
-    run.write(out / "results.json")
-    write_junit(run, out / "junit.xml")
+    write_run(run, out)
     return run

@@ -176,11 +176,14 @@ class RunResults:
             "cells": [c.to_json() for c in self.cells],
         }
 
-    def write(self, path: Path) -> None:
+    def write(self, path: Path) -> dict[str, Any]:
+        """Write atomically; returns the document written (callers need not serialise it again)."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        doc = self.to_json()
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
         tmp.replace(path)
+        return doc
 
     @classmethod
     def read(cls, path: Path) -> RunResults:

@@ -40,8 +40,8 @@ from validators.attempts import AttemptView, merge_attempts, wants_retry
 from validators.breakdown import breakdown
 from validators.cache import VerdictCache, environment_identity
 from validators.cache import default_root as default_cache_root
+from validators.collect import write_run
 from validators.device import Gpu, Placement, Plan, plan_cells
-from validators.junit import write_junit
 from validators.pool import Attempt, Pool, Task
 from validators.progress import Progress, format_summary
 from validators.result import CellResult, RunResults, Verdict
@@ -202,10 +202,9 @@ class Runner:
             finished_at=_now(),
             argv=list(self.options.argv),
         )
-        run.write(self.out / "results.json")
-        write_junit(run, self.out / "junit.xml")
+        doc = write_run(run, self.out)
         self.timings["wall_s"] = time.monotonic() - t0
-        _write_json(self.out / "run.json", self._run_record(run))
+        _write_json(self.out / "run.json", self._run_record(doc["cells"]))
         other, wall = self._plan.other_torch, self.timings["wall_s"]
         _say(format_summary(run, wall, other, self.out, cached=len(self.cached)))
         return run, (CellsFailed.exit_code if any(c.verdict.is_bad for c in run.cells) else 0)
@@ -326,19 +325,15 @@ class Runner:
         self.results[result.id] = result
         _write_json(self.out / "cells" / f"{result.id}.json", result.to_json())
 
-    def _run_record(self, run: RunResults) -> dict[str, Any]:
-        """Where the time went (harness overhead vs cell time) and which workers served which cells."""
+    def _run_record(self, cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Timings, cached cells and which workers served which cells, and the time breakdown from them."""
         pool = self._pool
-        workers = [w.record(pool.t0) for w in pool.workers] if pool else []
-        ran = [c for c in run.cells if c.id not in set(self.cached)]
         record: dict[str, Any] = {
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
-            "cells_s": round(sum(c.duration_s for c in ran), 3),
-            "worker_startup_s": round(sum(w["startup_s"] for w in workers), 3),
             "fork_server_preload_s": dict(pool.launcher.preload_s) if pool else {},
             "other_torch_cells": self._plan.other_torch,
             "cached_cells": self.cached,
-            "workers": workers,
+            "workers": [w.record(pool.t0) for w in pool.workers] if pool else [],
         }
-        record["breakdown"] = breakdown([c.to_json() for c in run.cells], record)
+        record["breakdown"] = breakdown(cells, record)
         return record
