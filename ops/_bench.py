@@ -255,20 +255,20 @@ def main(
     return 0
 
 
-def cuda_op(module: str, attr: str) -> Callable[..., Any] | None:
-    """opgate's CUDA C++ implementation (built on first import, cached), or None with the reason printed.
+def spec_impl(op: str, impl: str) -> Callable[..., Any] | None:
+    """opgate's ``impl`` implementation of ``op`` as its spec names it, or None with the reason printed.
 
-    Its dispatch runs in C++ (no Python custom-op wrapper), which is what small
-    shapes are timed on; a machine without nvcc still benchmarks the rest.
+    The same loading as ``python -m validators.perf bench`` (a CUDA C++ op is built
+    on first import, cached); a machine without nvcc still benchmarks the rest.
     """
-    from ops._cuda_build import CudaBuildError, CudaBuildUnsupported
+    from ops.spec import load_specs
+    from validators.perf.bench import OPGATE_PREFIX, opgate_impls
 
-    try:
-        mod = importlib.import_module(module)
-    except (CudaBuildUnsupported, CudaBuildError) as exc:
-        print(f"{module}: left out of the benchmark: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return None
-    fn: Callable[..., Any] = getattr(mod, attr)
+    found, missing = opgate_impls(load_specs()[op])
+    name = OPGATE_PREFIX + impl
+    if name in missing:
+        print(f"{op} {impl}: left out of the benchmark: {missing[name]}", file=sys.stderr)
+    fn: Callable[..., Any] | None = found.get(name)
     return fn
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ops._bench import Impl, Problem, cuda_op, liger, main
+from ops._bench import Impl, Problem, liger, main, spec_impl
 
 EPS = 1e-6
 
@@ -44,7 +44,7 @@ def impls() -> list[Impl]:
         ("aten F.rms_norm", aten),
         ("compile(reference)", torch.compile(reference.rms_norm)),
     ]
-    native = cuda_op("ops.rms_norm.cuda_impl", "rms_norm")
+    native = spec_impl("rms_norm", "cuda")
     if native is not None:
         out.insert(1, ("opgate cuda", native))
     fn = liger("liger_kernel.transformers.functional", "liger_rms_norm")

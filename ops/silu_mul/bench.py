@@ -16,7 +16,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ops._bench import Impl, Problem, cuda_op, liger, main
+from ops._bench import Impl, Problem, liger, main, spec_impl
 
 
 def problems(shape: tuple[int, ...], dtype: torch.dtype, dname: str, device: torch.device) -> Problem:
@@ -42,7 +42,7 @@ def impls() -> list[Impl]:
         ("aten F.silu(a) * b", _aten),
         ("compile(reference)", torch.compile(reference.silu_mul)),
     ]
-    native = cuda_op("ops.silu_mul.cuda_impl", "silu_mul")
+    native = spec_impl("silu_mul", "cuda")
     if native is not None:
         out.insert(1, ("opgate cuda", native))
     fn = liger("liger_kernel.transformers.functional", "liger_swiglu")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from validators.perf.block import BLOCK_OPS, BlockConfig, Ops, build, inputs, opgate_ops, relerr, torch_ops
+from validators.perf.block_md import render_md
 from validators.perf.timing import TimingConfig
 
 MODES = ("eager", "compile")
@@ -164,37 +165,5 @@ def run_block(
     for group in blocks.values():
         for t in group.values():
             t.pop("samples_us")
-    write_outputs(out, "block", data, markdown(data))
+    write_outputs(out, "block", data, render_md(data).splitlines())
     return data
-
-
-def markdown(data: dict[str, Any]) -> list[str]:
-    from validators.perf.report import header, table
-
-    c = data["config"]
-    lines = header("Decoder block: opgate ops vs stock PyTorch", data["info"])
-    what = (
-        f"Block: hidden {c['hidden']}, {c['heads']} heads, seq {c['seq']}, batch {c['batch']}, "
-        f"ffn {c['ffn']}, {c['dtype']}; random weights. Parity = max|out - ref| / max|ref| vs the "
-        f"float32 block. Wall time {data['wall_s']} s."
-    )
-    lines += [what, ""]
-    rows = []
-    for key in data["parity_relerr"]:
-        fwd, stp = data["blocks"]["forward"][key], data["blocks"]["step"][key]
-        rows.append(
-            [key, f"{data['parity_relerr'][key]:.2e}", f"{fwd['median_us']:.1f}", f"{stp['median_us']:.1f}"]
-        )
-    lines += table(["variant/mode", "relerr vs fp32", "forward us", "fwd+bwd us"], rows)
-    lines += ["", "Ops alone, on the inputs they get inside the block (forward, median us):", ""]
-    rows = [
-        [op, *(f"{t[k]['median_us']:.1f}" if k in t else None for k in ("opgate", "torch", "torch-compile"))]
-        for op, t in data["alone"].items()
-    ]
-    lines += table(["op", "opgate", "torch eager", "torch compiled"], rows)
-    lines += [""]
-    if data["flags"]:
-        lines += [f"**{f['flag']}**: {f['op']} ({f['mode']})" for f in data["flags"]]
-    else:
-        lines += ["No op is faster alone yet slower in the block."]
-    return lines
