@@ -22,7 +22,6 @@ Protocol on a ``SOCK_SEQPACKET`` socket pair (one message per packet)::
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -122,11 +121,7 @@ def _become_worker(req: Mapping[str, Any], fds: Sequence[int], pre: Preloaded) -
 
         traceback.print_exc()
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            atexit._run_exitfuncs()  # as a spawned worker does: Inductor's compile pool shuts down
-        os._exit(code)
+        worker.exit_now(code)
 
 
 def _send(sock: socket.socket, msg: Mapping[str, Any]) -> None:

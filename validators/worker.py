@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 #: Process-wide switches a worker must have before torch/triton are imported.
 CPU_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -294,17 +294,22 @@ def serve(argv: Sequence[str] | None = None) -> int:
     return serve_loop(channel, Preloaded(args.kind, args.threads, specs, run_cell), t0)
 
 
-def main() -> None:
-    """Serve, then exit without tearing the interpreter down (torch's teardown costs ~1 s per worker).
+def exit_now(code: int) -> NoReturn:
+    """Exit without tearing the interpreter down (torch's teardown costs ~1 s per worker).
 
     atexit handlers still run (Inductor's compile pools shut down cleanly); the
-    per-cell results are already on the parent's side of the pipe.
+    per-cell results are already on the parent's side of the pipe.  Spawned and
+    forked workers both end here.
     """
-    code = serve()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    atexit._run_exitfuncs()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        atexit._run_exitfuncs()
     os._exit(code)
+
+
+def main() -> None:
+    exit_now(serve())
 
 
 if __name__ == "__main__":
