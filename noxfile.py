@@ -36,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 NOX_REQUIREMENT = "nox>=2024.10.9"
@@ -135,12 +136,31 @@ def matrix_default() -> str:
     return INSTALLED if has_gpu and torch_version(INSTALLED_PYTHON) else "pinned"
 
 
+def checkout_path() -> Path:
+    """A folder to put on ``PYTHONPATH`` (or ``MYPYPATH``) so ``opgate`` imports from this checkout.
+
+    ``opgate`` is a namespace package whose stages are the checkout's folders, so a
+    link ``opgate -> checkout`` is all an interpreter needs; no build backend, no
+    network.  mypy, which cannot follow an editable install's import hook, reads
+    the same tree.
+    """
+    shim = ROOT / ".nox" / "_checkout"
+    link = shim / "opgate"
+    shim.mkdir(parents=True, exist_ok=True)
+    if not (link.is_symlink() and link.resolve() == ROOT):
+        link.unlink(missing_ok=True)
+        link.symlink_to(ROOT, target_is_directory=True)
+    return shim
+
+
 def install_torch_env(session: nox.Session, torch: str) -> None:
     """The project's runtime deps with one pinned torch and the triton that goes with it.
 
     numpy: triton's CPU interpreter (TRITON_INTERPRET=1) imports it without declaring it.
     """
     session.install(*PROJECT_DEPS, f"torch=={torch}", f"triton=={TORCH_PINS[torch]}", *TORCH_ENV_EXTRAS)
+    # opgate itself, editable: the checkout's folders are ``opgate.<stage>`` in the venv.
+    session.install("--no-deps", "-e", str(ROOT))
 
 
 def publish_all_runs(session: nox.Session, python: str) -> None:
@@ -151,7 +171,7 @@ def publish_all_runs(session: nox.Session, python: str) -> None:
             return
         session.error(f"no results.json under {RUNS}/*: nothing to publish")
     ins = [arg for run in runs for arg in ("--in", str(run))]
-    session.run(python, "-m", "reports", "publish", *ins, "--out", str(REPORT))
+    session.run(python, "-m", "opgate.reports", "publish", *ins, "--out", str(REPORT))
 
 
 def run_matrix(session: nox.Session, torch_id: str, python: str) -> None:
@@ -162,7 +182,9 @@ def run_matrix(session: nox.Session, torch_id: str, python: str) -> None:
     out = RUNS / torch_id
     # Exit 1 means "every cell recorded, some are red": findings, not a broken job. The table is
     # published either way; OPGATE_STRICT=1 turns red cells into a failed session (a local gate).
-    session.run(python, "-m", "validators", "run", "--out", str(out), *session.posargs, success_codes=[0, 1])
+    session.run(
+        python, "-m", "opgate.validators", "run", "--out", str(out), *session.posargs, success_codes=[0, 1]
+    )
     publish_all_runs(session, python)
     red = red_cells(out / "results.json")
     if red:
@@ -174,14 +196,17 @@ def run_matrix(session: nox.Session, torch_id: str, python: str) -> None:
 def red_cells(results: Path) -> list[str]:
     """Ids of the cells a gate would reject: ``Verdict.is_bad``, the one rule every report uses.
 
-    ``validators.result`` needs nothing beyond the standard library, so nox's own
-    interpreter can import it from the checkout.
+    ``opgate.validators.result`` needs nothing beyond the standard library, so nox's
+    own interpreter imports it from the checkout: ``opgate`` is a namespace whose
+    stages are the checkout's folders (installed, they are ``site-packages/opgate/*``).
     """
     if not results.exists():
         return []
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from validators.result import Verdict
+    if "opgate" not in sys.modules:
+        namespace = types.ModuleType("opgate")
+        namespace.__path__ = [str(ROOT)]
+        sys.modules["opgate"] = namespace
+    from opgate.validators.result import Verdict
 
     cells = json.loads(results.read_text()).get("cells", [])
     return [c["id"] for c in cells if Verdict(c.get("verdict")).is_bad]
@@ -198,6 +223,9 @@ def matrix_installed(session: nox.Session) -> None:
     if version is None:
         session.error(f"{INSTALLED_PYTHON} has no torch installed; use matrix(torch={TEST_TORCH})")
     session.log(f"validating torch {version} of {INSTALLED_PYTHON}")
+    session.env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(checkout_path()), os.environ.get("PYTHONPATH")) if p
+    )
     run_matrix(session, INSTALLED, INSTALLED_PYTHON)
 
 
@@ -259,7 +287,7 @@ def lint(session: nox.Session) -> None:
     session.install(*EXTRAS["lint"])
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    session.run("mypy")
+    session.run("mypy", env={"MYPYPATH": str(checkout_path())})
     # Reads .github/actionlint.yaml, which declares the self-hosted GPU runner labels.
     session.run("actionlint", "-config-file", ".github/actionlint.yaml")
 
@@ -277,5 +305,5 @@ def liger(session: nox.Session) -> None:
     if "--select" not in args:
         # --ops-path adds specs beside the first-party ones: keep the run to liger's.
         args += ["--select", LIGER_SELECT]
-    session.run("python", "-m", "validators", "run", "--out", str(RUNS / "liger"), *args)
+    session.run("python", "-m", "opgate.validators", "run", "--out", str(RUNS / "liger"), *args)
     publish_all_runs(session, "python")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from matrix.cell import Cell
+    from opgate.matrix.cell import Cell
 
 __all__ = ["installed_torch", "load_cells", "narrow"]
 
@@ -39,9 +39,9 @@ def load_cells(
     machine without the shard's torch); by default it is read from metadata.
     Raises ``SelectionEmpty`` when the command-line globs leave nothing.
     """
-    from matrix.config import load_config
-    from matrix.expand import expand
-    from ops.spec import load_specs
+    from opgate.matrix.config import load_config
+    from opgate.matrix.expand import expand
+    from opgate.ops.spec import load_specs
 
     config = load_config(config_path)
     cells = expand(config, load_specs(ops_paths), torch_version or installed_torch())
@@ -50,11 +50,11 @@ def load_cells(
 
 def narrow(cells: Sequence[Cell], select: Sequence[str] = (), skip: Sequence[str] = ()) -> list[Cell]:
     """Command-line ``--select``/``--skip`` over expanded cells; nothing left is ``SelectionEmpty``."""
-    from matrix import cell as cellmod
-    from matrix.errors import SelectionEmpty
+    from opgate.matrix import cell as cellmod
+    from opgate.matrix.errors import SelectionEmpty
 
     chosen = cellmod.select(cells, select, skip)
     if not chosen:
         globs = " ".join([*(f"--select {g}" for g in select), *(f"--skip {g}" for g in skip)])
-        raise SelectionEmpty(f"{globs}: no cell left of {len(cells)} (see `python -m matrix list`)")
+        raise SelectionEmpty(f"{globs}: no cell left of {len(cells)} (see `opgate list`)")
     return chosen

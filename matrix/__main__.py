@@ -1,4 +1,4 @@
-"""``python -m matrix list|plan``: the cells of the matrix, and their CI shards.
+"""``opgate list|plan``: the cells of the matrix, and their CI shards.
 
 Both commands read YAML only: they never import torch (nor any op), so they
 answer in well under two seconds on a bare CI runner.  Errors print one
@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from matrix import installed_torch, load_cells, narrow
-from matrix.errors import OpgateError, UsageError
+from opgate.matrix import installed_torch, load_cells, narrow
+from opgate.matrix.errors import OpgateError, UsageError
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m matrix", description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(prog="opgate", description=__doc__.split("\n", 1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
     lst = sub.add_parser("list", help="print cell ids (one per line) or --json")
     _common(lst)
@@ -70,10 +70,10 @@ def _list(args: argparse.Namespace) -> str:
 
 
 def _plan(args: argparse.Namespace) -> str:
-    from matrix import plan as planmod
-    from matrix.config import load_config
-    from matrix.expand import expand
-    from ops.spec import load_specs
+    from opgate.matrix import plan as planmod
+    from opgate.matrix.config import load_config
+    from opgate.matrix.expand import expand
+    from opgate.ops.spec import load_specs
 
     if args.target_s is not None and args.target_s <= 0:
         raise UsageError(f"--target-s {args.target_s}: must be > 0")
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if out:
             print(out, flush=True)
-    except BrokenPipeError:  # `python -m matrix list | head`: not an error
+    except BrokenPipeError:  # `opgate list | head`: not an error
         sys.stdout = Path(os.devnull).open("w")  # noqa: SIM115 - keeps interpreter exit from re-raising
     return 0
 

@@ -14,10 +14,23 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from matrix.cell import ARCHES, DTYPES, LAYOUTS, MODES
-from matrix.errors import Location
-from matrix.schema import Enum, Field, Float, Glob, Int, ListOf, MapOf, Problems, Record, Str, valid, validate
-from matrix.yamlload import YMap, YNode, YSeq, load_yaml
+from opgate.matrix.cell import ARCHES, DTYPES, LAYOUTS, MODES
+from opgate.matrix.errors import Location
+from opgate.matrix.schema import (
+    Enum,
+    Field,
+    Float,
+    Glob,
+    Int,
+    ListOf,
+    MapOf,
+    Problems,
+    Record,
+    Str,
+    valid,
+    validate,
+)
+from opgate.matrix.yamlload import YMap, YNode, YSeq, load_yaml
 
 MATRIX_VERSION = 1
 DEFAULT_CONFIG = Path(__file__).with_name("default.yaml")

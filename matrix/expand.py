@@ -28,11 +28,11 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from matrix.cell import NOT_APPLICABLE, Cell, matches, select, torch_major_minor
-from matrix.config import INSTALLED, MatrixConfig
-from matrix.errors import ConfigError, SelectionEmpty
-from matrix.schema import Problems, did_you_mean
-from ops.spec import ImplSpec, OpSpec
+from opgate.matrix.cell import NOT_APPLICABLE, Cell, matches, select, torch_major_minor
+from opgate.matrix.config import INSTALLED, MatrixConfig
+from opgate.matrix.errors import ConfigError, SelectionEmpty
+from opgate.matrix.schema import Problems, did_you_mean
+from opgate.ops.spec import ImplSpec, OpSpec
 
 GPU_ONLY_MODES = frozenset({"cudagraphs", "build"})
 BUILD_KINDS = frozenset({"triton", "cuda"})

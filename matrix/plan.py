@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from matrix.cell import Cell, torch_major_minor
-from matrix.errors import ConfigError, Location, ResultsFormatError, UsageError
+from opgate.matrix.cell import Cell, torch_major_minor
+from opgate.matrix.errors import ConfigError, Location, ResultsFormatError, UsageError
 
 DEFAULT_MAX_JOBS = 64
 GHA_MAX_JOBS = 256  # GitHub's cap on jobs per matrix

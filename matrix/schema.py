@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from matrix.errors import ConfigError, ConfigErrors, Location
-from matrix.yamlload import YMap, YNode, YScalar, YSeq
+from opgate.matrix.errors import ConfigError, ConfigErrors, Location
+from opgate.matrix.yamlload import YMap, YNode, YScalar, YSeq
 
 
 class _Invalid:

@@ -26,7 +26,7 @@ from typing import Any, TypeAlias
 
 import yaml
 
-from matrix.errors import ConfigError, ConfigErrors, Location
+from opgate.matrix.errors import ConfigError, ConfigErrors, Location
 
 _TAG = "tag:yaml.org,2002:"
 #: Plain words YAML 1.1 turns into booleans (PyYAML knows only some of them).

@@ -157,7 +157,7 @@ def host_rows(
 
 def sweep(op: str, problem: Problem, impl: Impl) -> list[dict[str, Any]]:
     """Time the backward of ``impl`` under each BWD_TUNING setting (restored afterwards)."""
-    from ops._triton_util import BWD_TUNING
+    from opgate.ops._triton_util import BWD_TUNING
 
     saved = dict(BWD_TUNING)
     rows: list[dict[str, Any]] = []
@@ -258,11 +258,11 @@ def main(
 def spec_impl(op: str, impl: str) -> Callable[..., Any] | None:
     """opgate's ``impl`` implementation of ``op`` as its spec names it, or None with the reason printed.
 
-    The same loading as ``python -m validators.perf bench`` (a CUDA C++ op is built
+    The same loading as ``opgate perf bench`` (a CUDA C++ op is built
     on first import, cached); a machine without nvcc still benchmarks the rest.
     """
-    from ops.spec import load_specs
-    from validators.perf.bench import OPGATE_PREFIX, opgate_impls
+    from opgate.ops.spec import load_specs
+    from opgate.validators.perf.bench import OPGATE_PREFIX, opgate_impls
 
     found, missing = opgate_impls(load_specs()[op])
     name = OPGATE_PREFIX + impl

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from validators.toolchain import Toolchain, ensure_nvcc, find_toolchain, nvcc_release
+from opgate.validators.toolchain import Toolchain, ensure_nvcc, find_toolchain, nvcc_release
 
 #: Headers shared by every opgate CUDA op (on the include path of each build).
 SHARED_INCLUDE = Path(__file__).resolve().parent / "_cuda"
@@ -39,8 +39,6 @@ SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp")
 EXTRA_CFLAGS = ("-O3",)
 EXTRA_CUDA_CFLAGS = ("-O3",)
 MARKER = "opgate-build.json"
-#: The child interpreter runs ``-m ops._cuda_build`` from here.
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class CudaBuildUnsupported(Exception):
@@ -194,13 +192,12 @@ def build(
             "PATH": f"{toolchain.nvcc.parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "TORCH_CUDA_ARCH_LIST": key["arch_list"],
             "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)),
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
         }
         request = {"name": name, "sources": [str(s) for s in sources], "build_dir": str(build_dir)}
-        cmd = [sys.executable, "-m", "ops._cuda_build", json.dumps(request)]
+        cmd = [sys.executable, "-m", "opgate.ops._cuda_build", json.dumps(request)]
         try:
             proc = subprocess.run(
-                cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
+                cmd, env=env, cwd=build_dir, capture_output=True, text=True, timeout=timeout_s, check=False
             )
         except subprocess.TimeoutExpired as exc:
             raise CudaBuildError(f"build of {name} exceeded {timeout_s:.0f} s") from exc

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops._triton_util import cdiv, interpreting, needs_rne, next_pow2
+from opgate.ops._triton_util import cdiv, interpreting, needs_rne, next_pow2
 
 
 @triton.jit

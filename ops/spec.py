@@ -18,18 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from matrix.errors import ConfigError, ConfigErrors, Location, UsageError
-from matrix.schema import (
+from opgate.matrix.errors import ConfigError, ConfigErrors, Location, UsageError
+from opgate.matrix.schema import (
     Problems,
     valid,
     validate,
 )
-from matrix.yamlload import YMap, YNode, load_yaml
-from ops.spec_schema import (
+from opgate.matrix.yamlload import YMap, YNode, load_yaml
+from opgate.ops.spec_schema import (
     DEVICE_KINDS,
+    OPS_DIR,
     REF_HINT,
     REF_PATTERN,
-    REPO_ROOT,
     SPEC_SCHEMA,
 )
 
@@ -106,7 +106,8 @@ class OpSpec:
     copies_allowed: int
     implementations: dict[str, ImplSpec]
     path: Path
-    root: Path
+    #: the folder its references import from (an ``--ops-path`` DIR); None for opgate's own
+    root: Path | None
     #: several PyTorch ops computed in one kernel (op inventory); declared by the spec
     fused: bool = False
 
@@ -211,7 +212,7 @@ def _impl_checks(
             )
 
 
-def load_spec(path: Path, root: Path) -> OpSpec:
+def load_spec(path: Path, root: Path | None) -> OpSpec:
     """Validate one spec file; ``root`` is the directory its module references import from."""
     path = Path(path)
     tree = load_yaml(path)
@@ -254,9 +255,15 @@ def load_spec(path: Path, root: Path) -> OpSpec:
 _HOLDS_SPEC = re.compile(r"^[\"']?spec_version[\"']?\s*:", re.MULTILINE)
 
 
-def discover(extra_paths: Sequence[Path] = ()) -> list[tuple[Path, Path]]:
-    """(spec file, import root): ``ops/*/spec.yaml``, then per DIR ``*/spec.yaml`` and ``*.yaml`` specs."""
-    found = [(p, REPO_ROOT) for p in sorted((REPO_ROOT / "ops").glob("*/spec.yaml"))]
+def discover(extra_paths: Sequence[Path] = ()) -> list[tuple[Path, Path | None]]:
+    """(spec file, import root): opgate's own specs, then per DIR ``*/spec.yaml`` and ``*.yaml`` specs.
+
+    opgate's own ops import as ``opgate.ops.*`` and get no import root: their
+    folder is never put on ``sys.path``, so a user package named ``ops`` (or
+    ``matrix``...) is never shadowed by opgate's.  An ``--ops-path`` DIR is its
+    specs' import root.
+    """
+    found: list[tuple[Path, Path | None]] = [(p, None) for p in sorted(OPS_DIR.glob("*/spec.yaml"))]
     for raw_dir in extra_paths:
         directory = Path(raw_dir).resolve()
         if not directory.is_dir():

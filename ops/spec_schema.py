@@ -10,16 +10,17 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from matrix.cell import ARCHES, DTYPES, IMPLS, LAYOUTS, MODES
-from matrix.schema import Bool, Enum, Field, Float, Glob, Int, ListOf, MapOf, Record, Str
+from opgate.matrix.cell import ARCHES, DTYPES, IMPLS, LAYOUTS, MODES
+from opgate.matrix.schema import Bool, Enum, Field, Float, Glob, Int, ListOf, MapOf, Record, Str
 
 SPEC_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parent.parent
+#: opgate's own op specs (``opgate.ops.*``, importable wherever opgate is installed).
+OPS_DIR = Path(__file__).resolve().parent
 OP_MODULES = ("norm", "activation", "attention", "position", "gemm", "other")
 DEVICE_KINDS = ("cpu", "cuda")
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
 REF_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
-REF_HINT = "write module:attribute, e.g. ops.rms_norm.reference:rms_norm"
+REF_HINT = "write module:attribute, e.g. my_ops.rms_norm.reference:rms_norm"
 
 
 def check_expr(text: str) -> str | None:

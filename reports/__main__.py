@@ -1,4 +1,4 @@
-"""``python -m reports {publish,diff,alert}``: the reporting stage's command line.
+"""``opgate {publish,diff,alert}``: the reporting stage's command line.
 
 Every deliberate failure is an :class:`~matrix.errors.OpgateError` with its own
 exit code (merge conflict 5, missing shard 6, bad input 7, alert not delivered
@@ -13,18 +13,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from matrix.errors import CellsFailed, OpgateError, UsageError
-from reports import bench_table, compat, diff_md
-from reports import diff as diff_mod
-from reports.alerts.registry import PLATFORMS
-from reports.alerts.send import send
-from reports.alerts.transport import RetryPolicy
-from reports.perf import PerfRule
-from reports.publish import publish
+from opgate.matrix.errors import CellsFailed, OpgateError, UsageError
+from opgate.reports import bench_table, compat, diff_md
+from opgate.reports import diff as diff_mod
+from opgate.reports.alerts.registry import PLATFORMS
+from opgate.reports.alerts.send import send
+from opgate.reports.alerts.transport import RetryPolicy
+from opgate.reports.perf import PerfRule
+from opgate.reports.publish import publish
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="opgate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("publish", help="merge results and write compat.json, compat.md, index.html")
@@ -136,7 +136,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _inventory(args: argparse.Namespace) -> int:
-    from reports import inventory
+    from opgate.reports import inventory
 
     text = inventory.build(args.ops_path, args.bench, args.copy_gbps, args.gemm_tflops)
     _emit(text, args.out)

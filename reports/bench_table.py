@@ -1,7 +1,7 @@
 """The published benchmark table: one Markdown table per op from benchmark JSON files.
 
-Benchmarks run on the GPU machine (``python -m ops.<op>.bench --out FILE`` or
-``python -m validators.perf bench``) and their JSON is committed; this module
+Benchmarks run on the GPU machine (``python -m opgate.ops.<op>.bench --out FILE`` or
+``opgate perf bench``) and their JSON is committed; this module
 renders it for release notes and the dashboard, never measures anything.  Each
 row is one (shape, dtype, direction); columns are the implementations timed in
 the same run (opgate's, aten, torch.compile of the reference, Liger-Kernel),
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from matrix.errors import ResultsFormatError
+from opgate.matrix.errors import ResultsFormatError
 
 OURS_PREFIX = "opgate"
 

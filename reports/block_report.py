@@ -1,6 +1,6 @@
 """The decoder-block comparison in the published report: opgate's ops vs stock PyTorch, end to end.
 
-``python -m validators.perf block`` measures on the GPU machine and writes
+``opgate perf block`` measures on the GPU machine and writes
 ``block.json``; this module loads that file (never measures) and renders its
 HTML section.  The Markdown is :func:`validators.perf.block_md.render_md`, the
 same that wrote ``block.md``.  HTML bars are plain CSS widths, so the page
@@ -14,8 +14,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from matrix.errors import ResultsFormatError
-from validators.perf.block_md import flags, provenance, render_md, speedup
+from opgate.matrix.errors import ResultsFormatError
+from opgate.validators.perf.block_md import flags, provenance, render_md, speedup
 
 REQUIRED = ("config", "info", "parity_relerr", "blocks", "alone", "flags")
 

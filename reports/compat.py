@@ -21,10 +21,10 @@ from typing import Any
 
 import jsonschema
 
-from matrix.errors import ResultsFormatError
-from reports.merge import Entry, Merged
-from reports.perf import HISTORY_LIMIT, SAMPLES_KEPT, series_from_results, with_history
-from validators.result import CellResult
+from opgate.matrix.errors import ResultsFormatError
+from opgate.reports.merge import Entry, Merged
+from opgate.reports.perf import HISTORY_LIMIT, SAMPLES_KEPT, series_from_results, with_history
+from opgate.validators.result import CellResult
 
 COMPAT_SCHEMA_VERSION = 1
 SCHEMA_DIR = Path(__file__).parent / "schema"

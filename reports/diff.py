@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from matrix.errors import ResultsFormatError
-from reports.compat import SCHEMA_DIR, Compat, validate_document
-from reports.envs import gpu_name
-from reports.merge import Entry
-from reports.perf import PerfRule, perf_regressions
-from reports.view import bucket, one_line_reason, worst
+from opgate.matrix.errors import ResultsFormatError
+from opgate.reports.compat import SCHEMA_DIR, Compat, validate_document
+from opgate.reports.envs import gpu_name
+from opgate.reports.merge import Entry
+from opgate.reports.perf import PerfRule, perf_regressions
+from opgate.reports.view import bucket, one_line_reason, worst
 
 DIFF_SCHEMA_FILE = SCHEMA_DIR / "diff.schema.json"
 DIFF_SCHEMA_ID = "urn:opgate:schema:diff:1"

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from matrix.cell import Cell, torch_major_minor
+from opgate.matrix.cell import Cell, torch_major_minor
 
 _KeyFn = Callable[[Mapping[str, Any]], str]
 
@@ -108,7 +108,7 @@ def local_env_key(fp: Mapping[str, Any]) -> str:
 
 def _validators_env_key() -> _KeyFn | None:
     try:
-        module = importlib.import_module("validators.env")
+        module = importlib.import_module("opgate.validators.env")
     except ImportError:
         return None
     fn = getattr(module, "env_key", None)

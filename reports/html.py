@@ -17,10 +17,19 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from reports.charts import perf_section
-from reports.compat import Compat
-from reports.envs import column_of, gpu_name
-from reports.view import GLYPHS, bucket, columns, counts, format_counts, one_line_reason, resolved, row_of
+from opgate.reports.charts import perf_section
+from opgate.reports.compat import Compat
+from opgate.reports.envs import column_of, gpu_name
+from opgate.reports.view import (
+    GLYPHS,
+    bucket,
+    columns,
+    counts,
+    format_counts,
+    one_line_reason,
+    resolved,
+    row_of,
+)
 
 STATIC = Path(__file__).parent / "static"
 

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ops.spec import OpSpec, load_specs
-from reports import bench_table
-from validators.perf.cost import CostError, shape_cost
+from opgate.ops.spec import OpSpec, load_specs
+from opgate.reports import bench_table
+from opgate.validators.perf.cost import CostError, shape_cost
 
 COPY_GBPS = 4274.0
 GEMM_TFLOPS = 788.0

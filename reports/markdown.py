@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
-from reports.compat import Compat
-from reports.envs import column_of
-from reports.merge import Entry
-from reports.view import (
+from opgate.reports.compat import Compat
+from opgate.reports.envs import column_of
+from opgate.reports.merge import Entry
+from opgate.reports.view import (
     BUCKETS,
     ICONS,
     SEVERITY,

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from matrix.errors import MergeConflict, MissingShard, ResultsFormatError
-from matrix.plan import load_manifest
-from reports.envs import env_key
-from validators.result import CellResult, RunResults
+from opgate.matrix.errors import MergeConflict, MissingShard, ResultsFormatError
+from opgate.matrix.plan import load_manifest
+from opgate.reports.envs import env_key
+from opgate.validators.result import CellResult, RunResults
 
 RESULTS_FILE = "results.json"
 

@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass
 from statistics import median
 from typing import Any
 
-from reports.envs import gpu_name
-from validators.perf.stats import judge, mann_whitney_u
-from validators.result import CellResult
+from opgate.reports.envs import gpu_name
+from opgate.validators.perf.stats import judge, mann_whitney_u
+from opgate.validators.result import CellResult
 
 PERF_CHECK = "perf"
 HISTORY_LIMIT = 30

@@ -1,4 +1,4 @@
-"""``python -m reports publish``: merge runs and write compat.json, compat.md, index.html.
+"""``opgate publish``: merge runs and write compat.json, compat.md, index.html.
 
 All-or-nothing: every check (merge conflicts, missing shards, schema) runs and
 every file is rendered into a temporary folder *before* anything in OUT is
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from reports import bench_table, block_report, html, markdown
-from reports import compat as compat_mod
-from reports.merge import check_manifest, merge, read_runs
-from reports.view import terminal_summary
+from opgate.reports import bench_table, block_report, html, markdown
+from opgate.reports import compat as compat_mod
+from opgate.reports.merge import check_manifest, merge, read_runs
+from opgate.reports.view import terminal_summary
 
 OUTPUT_FILES = ("compat.json", "compat.md", "index.html")
 

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reports.envs import capability, column_of, column_sort_key, gpu_name, short_gpu_name
-from reports.merge import Entry
-from validators.result import CellResult, Verdict
+from opgate.reports.envs import capability, column_of, column_sort_key, gpu_name, short_gpu_name
+from opgate.reports.merge import Entry
+from opgate.validators.result import CellResult, Verdict
 
 BUCKETS: tuple[str, ...] = ("pass", "fallback", "fail", "untested", "unsupported")
 ICONS = {"pass": "✅", "fallback": "⚠️", "fail": "❌", "untested": "–", "unsupported": "🚫"}

@@ -1,6 +1,6 @@
 """Suite-wide fixtures.
 
-Every test gets its own verdict cache: a ``python -m validators run`` inside a
+Every test gets its own verdict cache: a ``opgate run`` inside a
 test must validate for real, never be served a verdict an earlier run (or
 another test) left in ``.opgate-cache``.
 """

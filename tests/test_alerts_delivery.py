@@ -1,7 +1,7 @@
 """Delivery under failure: retries, Retry-After, error codes in 200s, timeouts, secrets, dedup.
 
 All against a real HTTP server on 127.0.0.1.  The command-line tests run
-``python -m reports alert`` as a subprocess and capture everything it prints,
+``opgate alert`` as a subprocess and capture everything it prints,
 so "the secret never appears" is checked on real output, not on a mock.
 """
 
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from matrix.errors import AlertDeliveryFailed, UsageError
-from reports.alerts.dedup import DedupState
-from reports.alerts.message import fit
-from reports.alerts.registry import PLATFORMS
-from reports.alerts.send import send
-from reports.alerts.transport import Redactor, Response, RetryPolicy, redact_url, retry_after
+from opgate.matrix.errors import AlertDeliveryFailed, UsageError
+from opgate.reports.alerts.dedup import DedupState
+from opgate.reports.alerts.message import fit
+from opgate.reports.alerts.registry import PLATFORMS
+from opgate.reports.alerts.send import send
+from opgate.reports.alerts.transport import Redactor, Response, RetryPolicy, redact_url, retry_after
 from tests.data.reports.fixtures import regression_diff
 from tests.data.reports.receiver import Receiver, Reply, serve
 
@@ -225,7 +225,7 @@ def test_fit_finds_the_largest_prefix() -> None:
 def run_cli(diff_file: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPGATE_", "GITHUB_"))}
     return subprocess.run(
-        [sys.executable, "-m", "reports", "alert", "--diff", str(diff_file), *args],
+        [sys.executable, "-m", "opgate.reports", "alert", "--diff", str(diff_file), *args],
         cwd=ROOT,
         env={**base_env, **env},
         capture_output=True,

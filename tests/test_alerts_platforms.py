@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from reports.alerts import dingtalk, discord, feishu, wecom
-from reports.alerts.registry import PLATFORMS
-from reports.alerts.send import send
-from reports.alerts.transport import RetryPolicy
-from reports.compat import validate_document
-from reports.diff import DIFF_SCHEMA_FILE
+from opgate.reports.alerts import dingtalk, discord, feishu, wecom
+from opgate.reports.alerts.registry import PLATFORMS
+from opgate.reports.alerts.send import send
+from opgate.reports.alerts.transport import RetryPolicy
+from opgate.reports.compat import validate_document
+from opgate.reports.diff import DIFF_SCHEMA_FILE
 from tests.data.reports.fixtures import NEW_FAILURE, NEW_FALLBACK, PERF_CELL, regression_diff
 from tests.data.reports.receiver import Receiver, Reply, serve
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from reports.alerts.registry import PLATFORMS
+from opgate.reports.alerts.registry import PLATFORMS
 from tests.data.reports.receiver import serve
 from tests.test_alerts_platforms import OK_REPLIES, PATHS, env_for
 
@@ -61,13 +61,15 @@ def diff_json(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config.write_text(CONFIG)
     runs = {"base": ["--ops-path", str(ZOO)], "head": ["--ops-path", str(_regressed_ops(tmp))]}
     for name, ops in runs.items():
-        run = _cli("-m", "validators", "run", "--config", str(config), *ops, "--out", str(tmp / name),
+        run = _cli("-m", "opgate.validators", "run", "--config", str(config), *ops, "--out", str(tmp / name),
                    "--no-progress", "--retries", "0")  # fmt: skip
         assert run.returncode in (0, 1), run.stderr
-        pub = _cli("-m", "reports", "publish", "--in", str(tmp / name), "--out", str(tmp / f"{name}-report"))
+        pub = _cli(
+            "-m", "opgate.reports", "publish", "--in", str(tmp / name), "--out", str(tmp / f"{name}-report")
+        )
         assert pub.returncode == 0, pub.stderr
     out = tmp / "diff.json"
-    diff = _cli("-m", "reports", "diff", "--base", str(tmp / "base-report" / "compat.json"),
+    diff = _cli("-m", "opgate.reports", "diff", "--base", str(tmp / "base-report" / "compat.json"),
                 "--head", str(tmp / "head-report" / "compat.json"), "--format", "json", "--out", str(out),
                 "--fail-on-regression")  # fmt: skip
     assert diff.returncode == 1, diff.stderr  # regressions found
@@ -87,7 +89,7 @@ def test_diff_of_real_runs_lists_exactly_the_planted_fallbacks(diff_json: dict[s
 @pytest.mark.parametrize("platform", sorted(PLATFORMS))
 def test_alert_reaches_every_platform(diff_json: dict[str, Any], platform: str, tmp_path: Path) -> None:
     with serve(OK_REPLIES[platform]) as receiver:
-        sent = _cli("-m", "reports", "alert", "--diff", diff_json["_path"], "--platform", platform,
+        sent = _cli("-m", "opgate.reports", "alert", "--diff", diff_json["_path"], "--platform", platform,
                     "--run-id", "e2e-1", "--state", str(tmp_path / "state.json"),
                     env=env_for(platform, receiver))  # fmt: skip
         assert sent.returncode == 0, sent.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from validators.binaries import (
+from opgate.validators.binaries import (
     BinaryInspectionError,
     arch_of,
     gpu_sass_report,
@@ -17,7 +17,7 @@ from validators.binaries import (
     parse_listing,
     sass_runs_on,
 )
-from validators.toolchain import find_nvcc
+from opgate.validators.toolchain import find_nvcc
 
 PROBE = Path(__file__).parent / "data" / "build" / "probe.cu"
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from matrix.cell import Cell
-from ops.spec import OpSpec, load_spec
-from validators.binaries import kernels_by_arch, list_arches
-from validators.checks.build import _judge_cuda, run_build_cell
-from validators.result import Verdict
-from validators.toolchain import find_nvcc
+from opgate.matrix.cell import Cell
+from opgate.ops.spec import OpSpec, load_spec
+from opgate.validators.binaries import kernels_by_arch, list_arches
+from opgate.validators.checks.build import _judge_cuda, run_build_cell
+from opgate.validators.result import Verdict
+from opgate.validators.toolchain import find_nvcc
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "build"
@@ -55,8 +55,8 @@ def test_real_rms_norm_kernel_cross_compiles(tmp_path: Path) -> None:
     code = f"""
 import json, sys
 from pathlib import Path
-from validators.checks import triton_build as tb
-found, _ = tb.discover("ops.rms_norm.triton_impl")
+from opgate.validators.checks import triton_build as tb
+found, _ = tb.discover("opgate.ops.rms_norm.triton_impl")
 sig = {{"signature": {{"x_ptr": "*{{dtype}}", "w_ptr": "*{{dtype}}", "y_ptr": "*{{dtype}}", "n_rows": "i32",
         "N": "i32", "R1": "i32", "R2": "i32", "xs0": "i64", "xs1": "i64", "xs2": "i64", "xsn": "i64",
         "wsn": "i64", "eps": "fp32"}},

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops import _cuda_build as cb
-from validators.binaries import kernels_by_arch, list_arches
-from validators.toolchain import ensure_nvcc
+from opgate.ops import _cuda_build as cb
+from opgate.validators.binaries import kernels_by_arch, list_arches
+from opgate.validators.toolchain import ensure_nvcc
 
 pytestmark = pytest.mark.skipif(torch.version.cuda is None, reason="needs a CUDA build of torch")
 OPS = Path(__file__).resolve().parent.parent / "ops"

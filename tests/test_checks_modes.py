@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-from matrix.cell import Cell
+from opgate.matrix.cell import Cell
+from opgate.validators.checks import CellOutcome, gradcheck, run_cell
+from opgate.validators.checks.base import Check, run_check
+from opgate.validators.checks.cell import fresh_compiler_state, poisoned_allocations
+from opgate.validators.checks.context import build_context
+from opgate.validators.result import CheckResult, Verdict
 from tests.zoo.harness import make_cell, run, specs
-from validators.checks import CellOutcome, gradcheck, run_cell
-from validators.checks.base import Check, run_check
-from validators.checks.cell import fresh_compiler_state, poisoned_allocations
-from validators.checks.context import build_context
-from validators.result import CheckResult, Verdict
 
 
 def test_poisoned_allocations_fill_with_nan_and_restore_state() -> None:
@@ -91,7 +91,7 @@ def test_an_op_that_does_not_import_is_an_error_not_a_crash(tmp_path: Path) -> N
 
 
 def test_build_cells_go_to_the_build_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from validators.checks import build
+    from opgate.validators.checks import build
 
     seen: list[Cell] = []
 
@@ -109,7 +109,7 @@ def test_build_cells_go_to_the_build_check(tmp_path: Path, monkeypatch: pytest.M
 def test_build_cells_without_a_build_check_are_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "validators.checks.build", None)
+    monkeypatch.setitem(sys.modules, "opgate.validators.checks.build", None)
     out = run_cell(make_cell("zoo_good", "all", "all", "build"), specs()["zoo_good"], "cpu", 1, tmp_path)
     assert out.verdict is Verdict.SKIP
 
@@ -146,7 +146,7 @@ def test_gradcheck_skips_ops_without_real_float64(tmp_path: Path) -> None:
 )
 def test_real_rms_norm_passes(dtype: str, layout: str, mode: str, tmp_path: Path) -> None:
     """No false alarms on the project's own Triton rms_norm."""
-    from ops.spec import load_specs
+    from opgate.ops.spec import load_specs
 
     spec = load_specs()["rms_norm"]
     cell = make_cell("rms_norm", dtype, layout, mode)
@@ -162,7 +162,7 @@ def test_real_rms_norm_passes(dtype: str, layout: str, mode: str, tmp_path: Path
 
 def test_zero_size_keeps_contraction_operands_the_reference_needs(tmp_path: Path) -> None:
     """a @ b with an empty batch: only a's rows go, b's inner dim must stay."""
-    from ops.spec import load_specs
+    from opgate.ops.spec import load_specs
 
     spec = load_specs()["matmul"]
     impl = next(iter(spec.implementations))
@@ -174,8 +174,8 @@ def test_zero_size_keeps_contraction_operands_the_reference_needs(tmp_path: Path
 
 
 def test_compile_signature_separates_what_dynamo_guards_on() -> None:
-    from ops.base import SampleInput
-    from validators.checks.compile import signature
+    from opgate.ops.base import SampleInput
+    from opgate.validators.checks.compile import signature
 
     def s(shape: tuple[int, ...], flag: int = 0) -> SampleInput:
         return SampleInput(args=(torch.ones(shape), flag), kwargs={"eps": 1e-6})
@@ -187,9 +187,9 @@ def test_compile_signature_separates_what_dynamo_guards_on() -> None:
 
 def test_compile_signature_knows_duck_sizing() -> None:
     """M == storage offset in one shape but not the next is a legitimate guard failure, not a bug."""
-    from ops.base import SampleInput
-    from validators.checks.compile import signature
-    from validators.layouts import apply_layout
+    from opgate.ops.base import SampleInput
+    from opgate.validators.checks.compile import signature
+    from opgate.validators.layouts import apply_layout
 
     def s(shape: tuple[int, int]) -> SampleInput:
         return apply_layout(SampleInput(args=(torch.ones(shape),), layout_args=(0,)), "offset")

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 
+from opgate.validators.checks import evidence
+from opgate.validators.checks.artifacts import Artifact
+from opgate.validators.checks.cell import fresh_compiler_state, poisoned_allocations
+from opgate.validators.checks.context import build_context
+from opgate.validators.profiling import Event, Trace, match, parse_chrome_trace, profile_call
+from opgate.validators.result import Verdict
 from tests.zoo.harness import make_cell, run, specs
-from validators.checks import evidence
-from validators.checks.artifacts import Artifact
-from validators.checks.cell import fresh_compiler_state, poisoned_allocations
-from validators.checks.context import build_context
-from validators.profiling import Event, Trace, match, parse_chrome_trace, profile_call
-from validators.result import Verdict
 
 
 def op_event(name: str, types: list[str], dims: list[Any], ext: int | None = None) -> dict[str, Any]:
@@ -135,7 +135,7 @@ def test_witness_sees_tensor_only_custom_ops_and_not_decompositions() -> None:
     """torch 2.14's profiler drops Tensor-only custom ops; the body witness must not."""
     import torch
 
-    from validators.profiling import executed_custom_ops
+    from opgate.validators.profiling import executed_custom_ops
 
     lib = torch.library.Library("opgate_dispatch_test", "FRAGMENT")
     lib.define("decomposed(Tensor a) -> Tensor")
@@ -155,7 +155,7 @@ def test_witness_sees_tensor_only_custom_ops_and_not_decompositions() -> None:
 def test_executed_custom_ops_witnesses_the_body_inside_a_compiled_program() -> None:
     import torch
 
-    from validators.profiling import executed_custom_ops
+    from opgate.validators.profiling import executed_custom_ops
 
     @torch.library.custom_op("opgate_exec_test::double", mutates_args=())
     def double(a: torch.Tensor) -> torch.Tensor:
@@ -180,9 +180,9 @@ def test_inductor_realignment_copies_are_told_apart_from_hidden_copies() -> None
     """A compiled graph served for aligned inputs copies a misaligned one: the compile path's cost."""
     import torch
 
-    from ops.base import SampleInput
-    from validators.checks.evidence import misaligned_spans, realignment_copies
-    from validators.layouts import misaligned
+    from opgate.ops.base import SampleInput
+    from opgate.validators.checks.evidence import misaligned_spans, realignment_copies
+    from opgate.validators.layouts import misaligned
 
     x = misaligned(torch.randn(67, 1000, dtype=torch.bfloat16))
     w = torch.randn(1000, dtype=torch.bfloat16)

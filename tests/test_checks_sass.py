@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from validators.checks.sass import judge
-from validators.result import Verdict
+from opgate.validators.checks.sass import judge
+from opgate.validators.result import Verdict
 
 
 def _report(missing: list[str], jit: bool) -> dict[str, object]:

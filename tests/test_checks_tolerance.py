@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from validators.tolerance import BASELINE_MARGIN, Rule, compare, compare_tensor
+from opgate.validators.tolerance import BASELINE_MARGIN, Rule, compare, compare_tensor
 
 RULE = Rule(k=2.0, atol_floor=1e-5)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from validators import env
-from validators.device import Gpu
-from validators.workerproc import WorkerConfig
+from opgate.validators import env
+from opgate.validators.device import Gpu
+from opgate.validators.workerproc import WorkerConfig
 
 H200_FP = {
     "torch": "2.11.0+cu130",

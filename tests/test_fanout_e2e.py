@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from matrix.errors import CellsFailed, MissingShard
+from opgate.matrix.errors import CellsFailed, MissingShard
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECT = (
@@ -84,7 +84,7 @@ def fanout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     procs = {}
     for shard in include:
         out = shards / f"results-{shard['name']}"
-        argv = [sys.executable, "-m", "validators", "run", "--out", str(out), "--no-progress"]
+        argv = [sys.executable, "-m", "opgate.validators", "run", "--out", str(out), "--no-progress"]
         argv += [arg for glob in shard["select"] for arg in ("--select", glob)]
         procs[shard["name"]] = subprocess.Popen(
             argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

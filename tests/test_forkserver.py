@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
+from opgate.validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
 
 
 def _hello(worker: WorkerProcess, timeout_s: float = 60.0) -> dict[str, Any]:

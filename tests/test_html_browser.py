@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from reports.publish import publish
+from opgate.reports.publish import publish
 from tests.data.reports.fixtures import ERROR_CELL, FAIL_CELL, HOSTILE_REASON, cpu_run, gpu_run, write_run
 
 pytestmark = pytest.mark.browser
@@ -302,7 +302,7 @@ def test_dashboard_loads_filters_and_opens_a_failing_cell(browser: Page, report:
     assert browser.eval("document.getElementById('details-id').textContent") == FAIL_CELL
     details = browser.eval("document.getElementById('details').innerText")
     assert "correctness" in details
-    assert "python -m validators run --select" in details
+    assert "opgate run --select" in details
     assert "max_abs_err" in details
     assert HOSTILE_REASON.split(" </script>")[0] in details
     assert "</script><script>window.__pwned=1</script>" in details

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Skipped
 
-from matrix.cell import Cell
-from validators.junit import write_junit
-from validators.result import CellResult, CheckResult, RunResults, Verdict
+from opgate.matrix.cell import Cell
+from opgate.validators.junit import write_junit
+from opgate.validators.result import CellResult, CheckResult, RunResults, Verdict
 
 ENV = {"env_key": "pt2.13.0-cpu-triton3.8.0-py3.11", "torch": "2.13.0+cpu", "gpus": [], "gpu_name": None}
 
@@ -24,7 +24,7 @@ def result(op: str, dtype: str, verdict: Verdict, reason: str = "", checks: list
         1.25,
         reason,
         seed=7,
-        repro=f"python -m validators run --select '{c.id}'",
+        repro=f"opgate run --select '{c.id}'",
     )
 
 
@@ -74,7 +74,7 @@ def test_junit_round_trip(tmp_path: Path) -> None:
     fail = by[Verdict.FAIL].result[0]
     assert isinstance(fail, Failure)
     assert (fail.type, fail.message) == ("fail", "correctness: max err 3e-2")
-    assert "repro: python -m validators run" in fail.text
+    assert "repro: opgate run" in fail.text
     assert isinstance(by[Verdict.FALLBACK].result[0], Failure)
     assert by[Verdict.FALLBACK].result[0].type == "fallback"
     assert by[Verdict.FLAKY].result[0].type == "flaky"

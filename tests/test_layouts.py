@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from matrix.cell import LAYOUTS
-from ops.base import SampleInput
-from validators.layouts import (
+from opgate.matrix.cell import LAYOUTS
+from opgate.ops.base import SampleInput
+from opgate.validators.layouts import (
     MISALIGN_ELEMENTS,
     OFFSET_ELEMENTS,
     VECTOR_ALIGN,

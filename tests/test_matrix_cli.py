@@ -1,4 +1,4 @@
-"""``python -m matrix list``: fast, torch-free, and clear about bad input."""
+"""``opgate list``: fast, torch-free, and clear about bad input."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from matrix.cell import AXES
+from opgate.matrix.cell import AXES
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data" / "config"
@@ -20,7 +20,7 @@ def run(*args: str, importtime: bool = False) -> tuple[subprocess.CompletedProce
     flags = ["-X", "importtime"] if importtime else []
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, *flags, "-m", "matrix", *args],
+        [sys.executable, *flags, "-m", "opgate.matrix", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -44,10 +44,10 @@ def test_list_never_imports_torch_and_is_fast() -> None:
     assert proc.returncode == 0, proc.stderr
     mods = imported_modules(proc.stderr)
     assert "yaml" in mods  # the probe works: it sees what list does import
-    assert "matrix.expand" in mods
+    assert "opgate.matrix.expand" in mods
     heavy = sorted(m for m in mods if m.split(".")[0] in {"torch", "triton", "numpy"})
     assert heavy == []
-    assert wall < 2.0, f"python -m matrix list took {wall:.2f} s"
+    assert wall < 2.0, f"opgate list took {wall:.2f} s"
 
 
 def test_list_prints_one_id_per_line_and_json_agrees() -> None:

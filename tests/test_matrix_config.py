@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from matrix.config import DEFAULT_CONFIG, MatrixConfig, load_config
-from matrix.errors import ConfigError, ConfigErrors
-from matrix.expand import expand
-from ops.spec import OpSpec, load_spec
+from opgate.matrix.config import DEFAULT_CONFIG, MatrixConfig, load_config
+from opgate.matrix.errors import ConfigError, ConfigErrors
+from opgate.matrix.expand import expand
+from opgate.ops.spec import OpSpec, load_spec
 
 DATA = Path(__file__).parent / "data" / "config"
 OPS = DATA / "ops"

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-import matrix
-from matrix.cell import Cell
-from matrix.config import MatrixConfig, load_config
-from matrix.errors import ConfigError, SelectionEmpty
-from matrix.expand import expand
-from ops.spec import OpSpec, load_spec
+from opgate import matrix
+from opgate.matrix.cell import Cell
+from opgate.matrix.config import MatrixConfig, load_config
+from opgate.matrix.errors import ConfigError, SelectionEmpty
+from opgate.matrix.expand import expand
+from opgate.ops.spec import OpSpec, load_spec
 
 DATA = Path(__file__).parent / "data" / "config"
 OPS = DATA / "ops"

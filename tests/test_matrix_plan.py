@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from matrix.cell import Cell, select
-from matrix.errors import ConfigError, ResultsFormatError, UsageError
-from matrix.plan import (
+from opgate.matrix.cell import Cell, select
+from opgate.matrix.errors import ConfigError, ResultsFormatError, UsageError
+from opgate.matrix.plan import (
     DEFAULT_ESTIMATE_S,
     GHA_OUTPUT_LIMIT,
     Plan,
@@ -217,7 +217,7 @@ def test_history_file_formats(tmp_path: Path) -> None:
 
 
 def matrix_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "matrix", *args]
+    cmd = [sys.executable, "-m", "opgate.matrix", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from matrix.errors import ConfigError, ConfigErrors
-from matrix.yamlload import YMap, YScalar, YSeq, load_yaml, parse_yaml, plain
+from opgate.matrix.errors import ConfigError, ConfigErrors
+from opgate.matrix.yamlload import YMap, YScalar, YSeq, load_yaml, parse_yaml, plain
 
 
 def errors_of(text: str) -> list[ConfigError]:

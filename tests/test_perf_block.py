@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from validators.perf.block import BlockConfig
-from validators.perf.block_run import _flags
-from validators.perf.planted import extra_elements
+from opgate.validators.perf.block import BlockConfig
+from opgate.validators.perf.block_run import _flags
+from opgate.validators.perf.planted import extra_elements
 
 ROOT = Path(__file__).resolve().parent.parent
 
 _SCRIPT = r"""
 import dataclasses, json, torch
-from validators.perf.block import BlockConfig, opgate_ops, parity, torch_ops
-from validators.perf.planted import Planted, extra_pass
+from opgate.validators.perf.block import BlockConfig, opgate_ops, parity, torch_ops
+from opgate.validators.perf.planted import Planted, extra_pass
 cfg = BlockConfig(hidden=64, heads=4, seq=16, batch=2, ffn=96)
 ops = opgate_ops()
 no_rope = dataclasses.replace(ops, name="no-rope", rope=lambda q, k, cos, sin, layout: (q, k))

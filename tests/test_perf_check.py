@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from matrix.cell import Cell
-from ops.spec import load_specs, resolve
-from validators.checks import perf
-from validators.checks.artifacts import Artifact
-from validators.checks.base import run_check
-from validators.checks.context import CellContext
-from validators.perf.timing import Timing
-from validators.result import Verdict
-from validators.tolerance import Rule
+from opgate.matrix.cell import Cell
+from opgate.ops.spec import load_specs, resolve
+from opgate.validators.checks import perf
+from opgate.validators.checks.artifacts import Artifact
+from opgate.validators.checks.base import run_check
+from opgate.validators.checks.context import CellContext
+from opgate.validators.perf.timing import Timing
+from opgate.validators.result import Verdict
+from opgate.validators.tolerance import Rule
 
 
 def _ctx(
@@ -103,7 +103,7 @@ def test_summary_names_the_largest_shape():
 
 
 def test_timing_runs_with_poisoning_off_and_restores_it():
-    from validators.checks.cell import poisoned_allocations
+    from opgate.validators.checks.cell import poisoned_allocations
 
     with poisoned_allocations():
         assert torch.empty(64).isnan().all()
@@ -138,7 +138,7 @@ def test_run_path_end_to_end_with_host_clock_events(tmp_path, monkeypatch):
     """The GPU path of run() with CUDA stood in for: every shape timed, the record complete."""
     import types
 
-    from validators.perf import ceilings, timing
+    from opgate.validators.perf import ceilings, timing
 
     props = types.SimpleNamespace(name="Fake GPU", L2_cache_size=1 << 20, uuid="fake")
     monkeypatch.setattr(torch.cuda, "Event", _HostEvent)

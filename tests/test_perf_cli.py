@@ -1,4 +1,4 @@
-"""``python -m validators.perf``: argument handling, the bench plan, the study's bookkeeping (CPU)."""
+"""``opgate perf``: argument handling, the bench plan, the study's bookkeeping (CPU)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from ops.spec import load_specs
-from validators.perf.__main__ import main
-from validators.perf.bench import BENCH_SHAPES_2D, Case, plan, verdict
-from validators.perf.study import Session, StudyConfig, evaluate, meets_bar
-from validators.perf.study import plan as study_plan
+from opgate.ops.spec import load_specs
+from opgate.validators.perf.__main__ import main
+from opgate.validators.perf.bench import BENCH_SHAPES_2D, Case, plan, verdict
+from opgate.validators.perf.study import Session, StudyConfig, evaluate, meets_bar
+from opgate.validators.perf.study import plan as study_plan
 
 
 def test_bench_plan_for_row_wise_ops():
@@ -80,7 +80,7 @@ def test_gpu_commands_stop_clearly_on_cpu(capsys, tmp_path, command):
     assert main([command, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "needs a CUDA device" in err
-    assert f"validators.perf {command}" in err
+    assert f"opgate perf {command}" in err
     assert not (tmp_path / "o").exists()
 
 
@@ -123,7 +123,7 @@ def test_study_without_a_real_slowdown_fails_the_bar():
 
 
 def test_op_bench_labels_become_column_names():
-    from validators.perf.peers import drop_duplicates, peer_name
+    from opgate.validators.perf.peers import drop_duplicates, peer_name
 
     assert peer_name("aten F.rms_norm") == "aten"
     assert peer_name("aten F.layer_norm (+F.gelu)") == "aten"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ops.spec import load_specs
-from validators.perf.cost import CostError, evaluate, shape_cost, symbols_for
+from opgate.ops.spec import load_specs
+from opgate.validators.perf.cost import CostError, evaluate, shape_cost, symbols_for
 
 
 def test_rms_norm_bytes_and_flops_from_its_spec():

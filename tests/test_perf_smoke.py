@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.spec import load_specs
+from opgate.ops.spec import load_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,9 +41,9 @@ props = types.SimpleNamespace(name="Fake GPU", major=9, minor=0, multi_processor
                               L2_cache_size=1 << 20, uuid="fake-uuid")
 torch.cuda.get_device_properties = lambda *a, **k: props
 
-from ops.spec import load_specs
-from validators.perf import bench, block_run, ceilings, study, timing
-from validators.perf.block import BlockConfig
+from opgate.ops.spec import load_specs
+from opgate.validators.perf import bench, block_run, ceilings, study, timing
+from opgate.validators.perf.block import BlockConfig
 
 timing.L2_FLUSH_BYTES = 4096
 fast = timing.TimingConfig(warmup_ms=0.2, rep_ms=2.0, min_reps=6, max_reps=6)
@@ -116,7 +116,7 @@ def test_bench_path_times_peers_and_records_the_unavailable(smoke):
     }
     for name in impls:  # each first-party impl is timed or says why not (a CUDA extension, on a CPU torch)
         assert name in forward["results"] or name in bench["unavailable"]["rms_norm"]
-    from validators.perf.peers import liger_peer
+    from opgate.validators.perf.peers import liger_peer
 
     if liger_peer("rms_norm") is None:  # not installed: the table says why it is missing
         assert "liger" in bench["unavailable"]["rms_norm"]

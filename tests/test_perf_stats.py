@@ -18,7 +18,7 @@ import statistics
 
 import pytest
 
-from validators.perf.stats import iqr, judge, mann_whitney_u, median, quantile
+from opgate.validators.perf.stats import iqr, judge, mann_whitney_u, median, quantile
 
 # (x, y, method, U, p) from scipy.stats.mannwhitneyu(x, y, alternative="greater", use_continuity=True)
 SCIPY_VALUES = [
@@ -89,7 +89,7 @@ def test_exact_uses_the_smaller_side_consistently():
 
 def _p_equal(x: list[float], y: list[float]) -> float:
     """P(U_x == observed) without ties = P(U_x >= u) + P(U_x <= u) - 1, via the two tails."""
-    from validators.perf.stats import _exact_sf, _midranks
+    from opgate.validators.perf.stats import _exact_sf, _midranks
 
     ranks, _ = _midranks(x, y)
     doubled = [round(2 * r) for r in ranks]

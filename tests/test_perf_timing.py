@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from validators.perf import timing
-from validators.perf.timing import (
+from opgate.validators.perf import timing
+from opgate.validators.perf.timing import (
     Rotating,
     TimingConfig,
     ab_schedule,

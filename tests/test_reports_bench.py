@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reports import bench_table
+from opgate.reports import bench_table
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,11 +51,12 @@ def test_cli_renders_and_rejects_foreign_json(tmp_path: Path) -> None:
     good.write_text(json.dumps(_doc()))
     bad.write_text(json.dumps({"rows": []}))
     out = tmp_path / "bench.md"
-    ok = subprocess.run([sys.executable, "-m", "reports", "bench", "--in", str(good), "--out", str(out)],
+    ok = subprocess.run([sys.executable, "-m", "opgate.reports", "bench", "--in", str(good),
+                         "--out", str(out)],
                         cwd=REPO, capture_output=True, text=True, check=False)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
     assert "### rms_norm" in out.read_text()
-    refused = subprocess.run([sys.executable, "-m", "reports", "bench", "--in", str(bad)],
+    refused = subprocess.run([sys.executable, "-m", "opgate.reports", "bench", "--in", str(bad)],
                              cwd=REPO, capture_output=True, text=True, check=False)  # fmt: skip
     assert refused.returncode == 7
     assert "not a benchmark document" in refused.stderr
@@ -73,7 +74,7 @@ def test_publish_with_bench_puts_the_table_in_the_release_notes(tmp_path: Path) 
     bench.write_text(json.dumps(_doc()))
     run = REPO / "tests" / "data" / "reports" / "validators-cpu"
     out = tmp_path / "out"
-    argv = ["-m", "reports", "publish", "--in", str(run), "--out", str(out), "--bench", str(bench)]
+    argv = ["-m", "opgate.reports", "publish", "--in", str(run), "--out", str(out), "--bench", str(bench)]
     proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     notes = (out / "compat.md").read_text()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from matrix.errors import ResultsFormatError
-from reports import block_report
-from reports.__main__ import main as reports_main
+from opgate.matrix.errors import ResultsFormatError
+from opgate.reports import block_report
+from opgate.reports.__main__ import main as reports_main
 from tests.data.reports.fixtures import cpu_run, write_run
 
 BLOCK = Path(__file__).resolve().parents[1] / "reports" / "runs" / "h200-block" / "block.json"

@@ -11,13 +11,13 @@ from typing import Any
 import jsonschema
 import pytest
 
-from matrix.cell import AXES
-from matrix.errors import ResultsFormatError
-from reports import compat
-from reports.perf import SAMPLES_KEPT
-from reports.publish import publish
+from opgate.matrix.cell import AXES
+from opgate.matrix.errors import ResultsFormatError
+from opgate.reports import compat
+from opgate.reports.perf import SAMPLES_KEPT
+from opgate.reports.publish import publish
+from opgate.validators.result import Verdict
 from tests.data.reports.fixtures import PERF_CELL, cpu_run, gpu_run, write_run
-from validators.result import Verdict
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from reports import compat, diff, diff_md
-from reports.perf import PerfRule, mann_whitney_greater, perf_regressions
+from opgate.reports import compat, diff, diff_md
+from opgate.reports.perf import PerfRule, mann_whitney_greater, perf_regressions
+from opgate.validators.result import Verdict
 from tests.data.reports.fixtures import (
     FAIL_CELL,
     LOST_BUILD,
@@ -24,7 +25,6 @@ from tests.data.reports.fixtures import (
     publish_pair,
     write_run,
 )
-from validators.result import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,7 +54,7 @@ def test_categories(doc: dict[str, Any]) -> None:
     failure = doc["new_failures"][0]
     assert (failure["base"], failure["head"], failure["device"]) == ("pass", "fail", "cpu")
     assert failure["reason"].startswith("correctness: max err 4.0e-02")
-    assert failure["repro"].startswith("python -m validators run --select")
+    assert failure["repro"].startswith("opgate run --select")
     assert doc["became_untested"][0]["reason"] == "nvcc 13.0 not found"
     assert doc["summary"]["regressions"] == 4
     assert doc["summary"]["unchanged"] == len(cpu_run().cells) + len(gpu_run().cells) - 4
@@ -75,7 +75,7 @@ def test_planted_slowdown_is_a_perf_regression(doc: dict[str, Any]) -> None:
 def publish_gpu(
     root: Path, name: str, slowdown: float, seed: int, history: Path | None = None
 ) -> dict[str, Any]:
-    from reports.publish import publish
+    from opgate.reports.publish import publish
 
     out = root / name
     publish([write_run(gpu_run(slowdown=slowdown, seed=seed), root / f"in-{name}")], out, history=history)
@@ -117,7 +117,7 @@ def test_no_samples_no_verdict(tmp_path: Path) -> None:
 
 def test_head_with_base_history_but_no_new_run_is_not_judged(tmp_path: Path) -> None:
     base_doc = publish_gpu(tmp_path, "base", 1.0, seed=1)
-    from reports.publish import publish
+    from opgate.reports.publish import publish
 
     publish(
         [write_run(cpu_run(), tmp_path / "cpu")],
@@ -140,7 +140,7 @@ def test_mann_whitney_direction_and_ties() -> None:
 
 def test_verdict_change_on_another_machine_is_matched_by_device(tmp_path: Path) -> None:
     """A triton bump changes the env key; the diff still pairs the cells by (id, device)."""
-    from reports.publish import publish
+    from opgate.reports.publish import publish
 
     base_run, head_run = cpu_run(), cpu_run({NEW_FAILURE: (Verdict.FAIL, "boom")})
     for cell in head_run.cells:
@@ -182,7 +182,7 @@ def test_markdown_respects_the_byte_budget(doc: dict[str, Any]) -> None:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "reports", "diff", *args],
+        [sys.executable, "-m", "opgate.reports", "diff", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from reports import compat, html
-from reports.merge import merge
+from opgate.reports import compat, html
+from opgate.reports.merge import merge
 from tests.data.reports.fixtures import FAIL_CELL, HOSTILE_REASON, PERF_CELL, cpu_run, gpu_run
 
 
@@ -63,7 +63,7 @@ def test_cell_evidence_is_all_there(page: str) -> None:
     fail = next(c for c in data["cells"] if c["id"] == FAIL_CELL)
     assert fail["verdict"] == "fail"
     assert fail["bucket"] == "fail"
-    assert fail["repro"].startswith("python -m validators run --select")
+    assert fail["repro"].startswith("opgate run --select")
     assert fail["checks"][0]["name"] == "correctness"
     assert fail["checks"][0]["details"]["max_abs_err"] == 0.31
     assert fail["kernels"] == ["opgate::rms_norm"]

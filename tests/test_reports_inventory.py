@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_inventory_rows_from_specs_and_h200_benchmarks() -> None:
     bench = sorted((REPO / "reports" / "runs" / "h200-bench").glob("*.json"))
     args = [a for f in bench for a in ("--bench", str(f))]
-    proc = subprocess.run([sys.executable, "-m", "reports", "inventory", *args],
+    proc = subprocess.run([sys.executable, "-m", "opgate.reports", "inventory", *args],
                           cwd=REPO, capture_output=True, text=True, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = {ln.split(" | ")[0].strip("| "): ln for ln in proc.stdout.splitlines() if ln.startswith("| ")}

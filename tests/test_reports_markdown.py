@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from reports import compat, markdown
-from reports.merge import merge
+from opgate.reports import compat, markdown
+from opgate.reports.merge import merge
+from opgate.validators.result import RunResults, Verdict
 from tests.data.reports.fixtures import (
     ERROR_CELL,
     FAIL_CELL,
@@ -17,7 +18,6 @@ from tests.data.reports.fixtures import (
     cpu_run,
     gpu_run,
 )
-from validators.result import RunResults, Verdict
 
 BUCKET = {"pass": "✅", "fallback": "⚠️", "fail": "❌", "error": "❌", "flaky": "❌", "skip": "–"}
 

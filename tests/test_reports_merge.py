@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from matrix.errors import MergeConflict, MissingShard, ResultsFormatError
-from matrix.plan import Plan, Shard
-from reports import envs
-from reports.merge import merge, read_runs
-from reports.publish import OUTPUT_FILES, publish
+from opgate.matrix.errors import MergeConflict, MissingShard, ResultsFormatError
+from opgate.matrix.plan import Plan, Shard
+from opgate.reports import envs
+from opgate.reports.merge import merge, read_runs
+from opgate.reports.publish import OUTPUT_FILES, publish
+from opgate.validators.result import Verdict
 from tests.data.reports.fixtures import CPU_ENV, FAIL_CELL, H200_ENV, cpu_run, gpu_run, write_run
-from validators.result import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,7 +140,7 @@ def test_publish_into_a_new_folder(tmp_path: Path) -> None:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "reports", *args],
+        [sys.executable, "-m", "opgate.reports", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -180,7 +180,7 @@ REAL_RUN = ROOT / "tests" / "data" / "reports" / "validators-cpu"
 
 
 def test_publishes_a_results_file_written_by_the_validators(tmp_path: Path) -> None:
-    """A results.json from `python -m validators run` (frozen), merged with the H200 fixture."""
+    """A results.json from `opgate run` (frozen), merged with the H200 fixture."""
     real = read_runs([REAL_RUN])[0][1]
     doc = publish([REAL_RUN, write_run(gpu_run(), tmp_path / "gpu")], tmp_path / "out")
     assert len(doc.entries) == len(real.cells) + len(gpu_run().cells)

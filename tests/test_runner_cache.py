@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from matrix.cell import Cell
-from validators.cache import VerdictCache, environment_identity
-from validators.result import CellResult, RunResults, Verdict
-from validators.runner import Runner, RunOptions
+from opgate.matrix.cell import Cell
+from opgate.validators.cache import VerdictCache, environment_identity
+from opgate.validators.result import CellResult, RunResults, Verdict
+from opgate.validators.runner import Runner, RunOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures_runner"
@@ -23,7 +23,7 @@ FIXTURES = Path(__file__).parent / "fixtures_runner"
 
 def Spec(path: Path) -> Any:
     """The real spec (its references decide which files the cache key covers)."""
-    from ops.spec import load_spec
+    from opgate.ops.spec import load_spec
 
     return load_spec(path, path.parent.parent)
 
@@ -69,7 +69,7 @@ def test_only_settled_verdicts_are_stored(tmp_path: Path) -> None:
 
 def opgate_run(ops: Path, out: Path, cache: Path, *extra: str) -> dict[str, Any]:
     sel = ["--select", "fx_segv.native-*-cpu-fp32-*", "--select", "fx_flaky.native-*-cpu-fp32-*"]
-    base = [sys.executable, "-m", "validators", "run", "--config", str(ops / "matrix.yaml")]
+    base = [sys.executable, "-m", "opgate.validators", "run", "--config", str(ops / "matrix.yaml")]
     proc = subprocess.run(
         [*base, "--ops-path", str(ops), *sel, "--out", str(out), "--no-progress", *extra],
         cwd=ROOT,
@@ -135,8 +135,8 @@ def test_explicit_seed_bypasses_the_cache(tmp_path: Path) -> None:
 
 def test_op_digest_follows_the_imports_of_the_specs_references() -> None:
     """Shared helpers and imported sibling ops count; unrelated ops and unimported scripts do not."""
-    from ops.spec import load_specs
-    from validators.cache import op_source_files
+    from opgate.ops.spec import load_specs
+    from opgate.validators.cache import op_source_files
 
     specs = load_specs()
     rel = {op: {str(f.relative_to(ROOT)) for f in op_source_files(specs[op])} for op in specs}

@@ -1,4 +1,4 @@
-"""``python -m validators run``: what this machine skips, what it leaves out, and exit codes."""
+"""``opgate run``: what this machine skips, what it leaves out, and exit codes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from matrix.errors import ConfigError, SelectionEmpty, UsageError
-from validators.result import RunResults, Verdict
+from opgate.matrix.errors import ConfigError, SelectionEmpty, UsageError
+from opgate.validators.result import RunResults, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures_runner"
@@ -26,7 +26,7 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "validators", "run", *args],
+        [sys.executable, "-m", "opgate.validators", "run", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from junitparser import JUnitXml
 
-from matrix.cell import Cell
-from validators.result import CellResult, CheckResult, RunResults, Verdict
+from opgate.matrix.cell import Cell
+from opgate.validators.result import CellResult, CheckResult, RunResults, Verdict
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ def test_collect_writes_results_and_junit_from_finished_cells(tmp_path: Path) ->
     for rec in (_record("contiguous", Verdict.PASS), _record("strided", Verdict.FAIL)):
         (tmp_path / "cells" / f"{rec.id}.json").write_text(json.dumps(rec.to_json()))
     proc = subprocess.run(
-        [sys.executable, "-m", "validators", "collect", "--out", str(tmp_path)],
+        [sys.executable, "-m", "opgate.validators", "collect", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -44,7 +44,7 @@ def test_collect_writes_results_and_junit_from_finished_cells(tmp_path: Path) ->
 def test_collect_refuses_an_empty_run(tmp_path: Path) -> None:
     (tmp_path / "cells").mkdir()
     proc = subprocess.run(
-        [sys.executable, "-m", "validators", "collect", "--out", str(tmp_path)],
+        [sys.executable, "-m", "opgate.validators", "collect", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 7

@@ -1,4 +1,4 @@
-"""``python -m validators run`` end to end on the planted ops in tests/fixtures_runner.
+"""``opgate run`` end to end on the planted ops in tests/fixtures_runner.
 
 Each planted op is a real op spec (``--ops-path``) whose kernel is correct
 except on float16, where it segfaults, hangs, or (fx_flaky) returns wrong
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from junitparser import Error, JUnitXml, Skipped
 
-from matrix.errors import CellsFailed
-from validators.result import RunResults, Verdict
+from opgate.matrix.errors import CellsFailed
+from opgate.validators.result import RunResults, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures_runner"
@@ -31,7 +31,16 @@ pytestmark = pytest.mark.slow
 
 def opgate_run(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """A real run of the planted ops, one host lane (the assertions follow its order); no cache."""
-    argv = [sys.executable, "-m", "validators", "run", "--config", str(CONFIG), "--ops-path", str(FIXTURES)]
+    argv = [
+        sys.executable,
+        "-m",
+        "opgate.validators",
+        "run",
+        "--config",
+        str(CONFIG),
+        "--ops-path",
+        str(FIXTURES),
+    ]
     env = {"OPGATE_CACHE": str(out / "cache"), **(env or {})}
     return subprocess.run(
         [*argv, "--out", str(out), "--no-progress", "--no-cache", "--jobs", "1", *args],
@@ -58,8 +67,8 @@ def cell_id(op: str, dtype: str, impl: str = "native") -> str:
 
 
 def _torch_mm() -> str:
-    from matrix import installed_torch
-    from matrix.cell import torch_major_minor
+    from opgate.matrix import installed_torch
+    from opgate.matrix.cell import torch_major_minor
 
     return torch_major_minor(installed_torch())
 
@@ -110,7 +119,7 @@ def test_requires_skip_and_every_cell_has_its_files(segv_run: tuple[Path, Any]) 
         if c.verdict.ran:
             assert (out / "logs" / f"{c.id}.log").exists()
             assert f"--seed {c.seed}" in c.repro
-            assert c.repro.startswith(f"python -m validators run --select '{c.id}'")
+            assert c.repro.startswith(f"opgate run --select '{c.id}'")
     assert "error 1" in proc.stdout
     assert "pass 2" in proc.stdout
 

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from matrix.cell import Cell
-from validators.device import Gpu
-from validators.pool import Attempt, Pool, Task
-from validators.workerproc import WorkerConfig, visible_device
+from opgate.matrix.cell import Cell
+from opgate.validators.device import Gpu
+from opgate.validators.pool import Attempt, Pool, Task
+from opgate.validators.workerproc import WorkerConfig, visible_device
 
 FAKE = "tests.fixtures_runner.fake_worker"
 

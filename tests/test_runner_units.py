@@ -8,16 +8,16 @@ import os
 from pathlib import Path
 from typing import ClassVar
 
-from matrix.cell import Cell
-from validators import device
-from validators.attempts import AttemptView, merge_attempts, wants_retry
-from validators.device import Gpu, plan_cells
-from validators.pool import Attempt, Pool, Task
-from validators.progress import Progress
-from validators.result import CellResult, CheckResult, Verdict
-from validators.runner import RunOptions, repro_command, timeout_for
-from validators.worker import jsonable
-from validators.workerproc import WorkerConfig, exit_description
+from opgate.matrix.cell import Cell
+from opgate.validators import device
+from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
+from opgate.validators.device import Gpu, plan_cells
+from opgate.validators.pool import Attempt, Pool, Task
+from opgate.validators.progress import Progress
+from opgate.validators.result import CellResult, CheckResult, Verdict
+from opgate.validators.runner import RunOptions, repro_command, timeout_for
+from opgate.validators.worker import jsonable
+from opgate.validators.workerproc import WorkerConfig, exit_description
 
 H200 = Gpu(0, "NVIDIA H200", "9.0")
 A100 = Gpu(1, "NVIDIA A100-SXM4-80GB", "8.0")
@@ -107,7 +107,7 @@ def test_repro_reruns_exactly_one_cell_with_its_seed(tmp_path: Path) -> None:
     opts = RunOptions(out=tmp_path, config=Path("cfg.yaml"), ops_paths=[Path("myops")])
     cmd = repro_command("rms_norm.triton-pt2.13-cpu-fp32-contiguous-eager", 1234, opts)
     assert cmd.startswith(
-        "python -m validators run --select 'rms_norm.triton-pt2.13-cpu-fp32-contiguous-eager' --seed 1234"
+        "opgate run --select 'rms_norm.triton-pt2.13-cpu-fp32-contiguous-eager' --seed 1234"
     )
     assert f"--config {Path('cfg.yaml').resolve()}" in cmd
     assert f"--ops-path {Path('myops').resolve()}" in cmd

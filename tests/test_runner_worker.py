@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from matrix.cell import Cell
-from validators import worker
-from validators.checks import CellOutcome
-from validators.result import CheckResult, Verdict
+from opgate.matrix.cell import Cell
+from opgate.validators import worker
+from opgate.validators.checks import CellOutcome
+from opgate.validators.result import CheckResult, Verdict
 
 CELL = Cell("op", "impl", "2.13.0", "none", "cpu", "fp32", "contiguous", "eager")
 

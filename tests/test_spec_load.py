@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from matrix.errors import ConfigError, ConfigErrors, UsageError
-from ops.spec import REPO_ROOT, Evidence, Tolerance, discover, load_spec, load_specs, resolve
+from opgate.matrix.errors import ConfigError, ConfigErrors, UsageError
+from opgate.ops.spec import OPS_DIR, Evidence, Tolerance, discover, load_spec, load_specs, resolve
 
 DATA = Path(__file__).parent / "data" / "config"
 OPS = DATA / "ops"
@@ -19,20 +19,20 @@ TOY = OPS / "toy" / "spec.yaml"
 
 def test_repository_specs_load_without_torch() -> None:
     code = (
-        "import sys; from ops.spec import load_specs; s = load_specs(); "
+        "import sys; from opgate.ops.spec import load_specs; s = load_specs(); "
         "assert 'rms_norm' in s, sorted(s); "
         "assert not any(m.split('.')[0] in ('torch', 'triton') for m in sys.modules), 'torch imported'"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", code], cwd=OPS_DIR, capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0, proc.stderr
 
 
 def test_rms_norm_exemplar() -> None:
     spec = load_specs()["rms_norm"]
-    assert spec.root == REPO_ROOT
-    assert spec.path == REPO_ROOT / "ops" / "rms_norm" / "spec.yaml"
+    assert spec.root is None  # imported as opgate.ops.rms_norm: nothing goes onto sys.path
+    assert spec.path == OPS_DIR / "rms_norm" / "spec.yaml"
     assert "default" in spec.shapes
     assert all(isinstance(s, tuple) for s in spec.shapes["default"])
     triton = spec.implementations["triton"]
@@ -100,7 +100,7 @@ def test_discovery_of_ops_path(tmp_path: Path) -> None:
     found = discover([OPS])
     extra = [(p.relative_to(OPS).as_posix(), root) for p, root in found if root == OPS]
     assert extra == [("toy/spec.yaml", OPS), ("flat.yaml", OPS)]  # notes.yaml: no spec_version
-    assert (REPO_ROOT / "ops" / "rms_norm" / "spec.yaml", REPO_ROOT) in found
+    assert (OPS_DIR / "rms_norm" / "spec.yaml", None) in found
     specs = load_specs([OPS])
     assert specs["flat"].root == OPS
     assert specs["flat"].implementations["ext"].kind == "external"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from validators.toolchain import (
+from opgate.validators.toolchain import (
     ToolchainUnavailable,
     cuobjdump_path,
     ensure_nvcc,

@@ -92,7 +92,7 @@ def test_pr_plan_shards_publish_gate() -> None:
     assert "bash .ci/run" in runs(jobs["tests"])
 
     plan = jobs["plan"]
-    assert "python -m matrix plan --format gha --max-jobs" in runs(plan)
+    assert "opgate plan --format gha --max-jobs" in runs(plan)
     assert plan["outputs"]["matrix"] == "${{ steps.plan.outputs.matrix }}"
 
     shards = jobs["shards"]
@@ -105,7 +105,7 @@ def test_pr_plan_shards_publish_gate() -> None:
     assert uploads[0]["if"] == "always()", "a shard with red cells still reports"
 
     publish = jobs["publish"]
-    assert "python -m reports publish --manifest plan/plan-manifest.json" in runs(publish)
+    assert "opgate publish --manifest plan/plan-manifest.json" in runs(publish)
     assert publish["if"] == "always() && needs.plan.result == 'success'"
 
     gate = jobs["gate"]
@@ -113,7 +113,7 @@ def test_pr_plan_shards_publish_gate() -> None:
     assert set(gate["needs"]) == set(jobs) - {"gate"}, "the gate must see every other job"
     gate_runs = runs(gate)
     assert "--fail-on-regression" in gate_runs
-    assert "python -m reports diff --base base/compat.json --head head/compat.json" in gate_runs
+    assert "opgate diff --base base/compat.json --head head/compat.json" in gate_runs
     assert "GITHUB_STEP_SUMMARY" in gate_runs
     assert "NEEDS: ${{ toJSON(needs) }}" in (WORKFLOW_DIR / "pr.yml").read_text(encoding="utf-8")
 
@@ -123,7 +123,7 @@ def test_nightly_runs_everything_and_alerts_with_every_secret_through_env() -> N
     assert wf.data["on"]["schedule"][0]["cron"]
     jobs = wf.data["jobs"]
     assert {"plan", "shards", "publish", "pages", "alert"} <= set(jobs)
-    alert = next(s for s in jobs["alert"]["steps"] if "reports alert" in str(s.get("run", "")))
+    alert = next(s for s in jobs["alert"]["steps"] if "opgate alert" in str(s.get("run", "")))
     assert alert["continue-on-error"] is True, "a failed alert never turns the matrix red"
     assert {name: alert["env"].get(name) for name in SECRETS} == {
         name: f"${{{{ secrets.{name} }}}}" for name in SECRETS

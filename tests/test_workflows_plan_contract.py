@@ -1,4 +1,4 @@
-"""The workflows read exactly what ``python -m matrix plan`` writes.
+"""The workflows read exactly what ``opgate plan`` writes.
 
 GitHub only finds out at run time that a shard job reads ``matrix.runs-on``
 when the plan says ``runs_on``, or that publish looks for a manifest the plan
@@ -33,7 +33,7 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     argv = [
         sys.executable,
         "-m",
-        "matrix",
+        "opgate.matrix",
         "plan",
         "--format",
         "gha",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.cell import Cell
+from opgate.matrix.cell import Cell
 from tests.zoo.harness import ZOO, make_cell, run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -226,7 +226,7 @@ def test_segfault_and_hang_are_errors_through_the_runner(tmp_path: Path) -> None
     """Native crashes kill the worker: the runner records error (signal / timeout), neighbours keep theirs."""
     out = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "validators", "run", "--config", str(ZOO / "matrix.yaml"),
+        sys.executable, "-m", "opgate.validators", "run", "--config", str(ZOO / "matrix.yaml"),
         "--ops-path", str(ZOO), "--out", str(out), "--retries", "0", "--no-progress", "--no-cache",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)

@@ -1,4 +1,4 @@
-"""``python -m validators run``: validate the matrix cells this machine can run.
+"""``opgate run``: validate the matrix cells this machine can run.
 
 Exit codes come from :mod:`matrix.errors`: 0 when no cell ended bad, 1
 (``CellsFailed``) when one did, and each config / usage problem its own code
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from matrix.errors import OpgateError, UsageError
+from opgate.matrix.errors import OpgateError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,7 +36,7 @@ def _positive(kind: type[int] | type[float]) -> type:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m validators", description=__doc__.splitlines()[0] if __doc__ else None)
+    ap = _Parser(prog="opgate", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run cells in isolated workers, write results.json and junit.xml")
     run.add_argument("--config", type=Path, help="matrix config (default: matrix/default.yaml)")
@@ -63,7 +63,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-cache", action="store_true", help="re-run every cell (still refreshes the cache)")
     run.add_argument(
-        "--cache-dir", type=Path, metavar="DIR", help="verdict cache ($OPGATE_CACHE, .opgate-cache)"
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="verdict cache (default $OPGATE_CACHE or ~/.cache/opgate/verdicts)",
     )
     collect = sub.add_parser(
         "collect", help="write results.json and junit.xml from the cells/ of an interrupted run"
@@ -83,7 +86,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def _collect(out: Path) -> int:
-    from validators.collect import collect as collect_cells
+    from opgate.validators.collect import collect as collect_cells
 
     try:
         done = collect_cells(out, note="collected after the run")
@@ -97,8 +100,8 @@ def _collect(out: Path) -> int:
 def _breakdown(dirs: Sequence[Path], as_json: bool) -> int:
     import json
 
-    from matrix.errors import ResultsFormatError
-    from validators.breakdown import breakdown, format_breakdown
+    from opgate.matrix.errors import ResultsFormatError
+    from opgate.validators.breakdown import breakdown, format_breakdown
 
     out = {}
     for folder in dirs:
@@ -128,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _collect(args.out)
     if args.command == "breakdown":
         return _breakdown(args.dirs, as_json=args.json)
-    from validators.runner import Runner, RunOptions
+    from opgate.validators.runner import Runner, RunOptions
 
     options = RunOptions(
         out=args.out,
@@ -144,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress=not args.no_progress,
         use_cache=not args.no_cache,
         cache_dir=args.cache_dir,
-        argv=["python", "-m", "validators", *argv],
+        argv=["python", "-m", "opgate.validators", *argv],
     )
     signal.signal(signal.SIGTERM, _terminate)
     try:
@@ -153,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(err.message(), file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        from validators.collect import collect
+        from opgate.validators.collect import collect
 
         try:
             done = collect(args.out, list(options.argv))

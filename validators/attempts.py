@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from validators.pool import Attempt
-from validators.result import CheckResult, Verdict, combine
+from opgate.validators.pool import Attempt
+from opgate.validators.result import CheckResult, Verdict, combine
 
 #: Verdicts worth a second attempt: a fallback or an unsupported refusal is deterministic evidence.
 RETRY_VERDICTS = frozenset({Verdict.FAIL, Verdict.ERROR})

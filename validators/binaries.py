@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from validators.toolchain import cuobjdump_path
+from opgate.validators.toolchain import cuobjdump_path
 
 _ENTRY_RE = re.compile(r"^(ELF|PTX) file\s+\d+:\s+(\S+)\s*$", re.MULTILINE)
 _ARCH_RE = re.compile(r"\bsm_(\d+)([af]?)\b")

@@ -9,7 +9,7 @@ cell's set-up (inputs, the float64 oracle, resets), scheduling, and lanes idle
 while the last cells finish.  That share is the figure to keep small: it is
 the part no faster kernel or warmer cache will shrink.
 
-``python -m validators breakdown DIR`` prints it for a finished run folder;
+``opgate breakdown DIR`` prints it for a finished run folder;
 the runner also stores it in ``run.json``.
 """
 

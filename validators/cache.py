@@ -34,9 +34,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from matrix.cell import Cell
-from matrix.errors import ResultsFormatError
-from validators.result import CellResult, Verdict
+from opgate.matrix.cell import Cell
+from opgate.matrix.errors import ResultsFormatError
+from opgate.validators.result import CellResult, Verdict
 
 CACHE_VERSION = 1
 CACHEABLE = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.FALLBACK, Verdict.UNSUPPORTED})
@@ -46,15 +46,23 @@ SOURCE_SUFFIXES = frozenset(
 #: What a CUDA C++ implementation's folder contributes (its .py files count only if imported).
 CUDA_SUFFIXES = frozenset({".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp", ".inl"})
 VALIDATORS_DIR = Path(__file__).resolve().parent
-REPO_ROOT = VALIDATORS_DIR.parent
+#: The folder holding opgate's stages (``matrix``, ``validators``, ``ops``, ``reports``): the
+#: checkout's root, or ``site-packages/opgate`` once installed.
+OPGATE_DIR = VALIDATORS_DIR.parent
 #: Headers shared by every opgate CUDA op (on each build's include path).
-SHARED_CUDA = REPO_ROOT / "ops" / "_cuda"
+SHARED_CUDA = OPGATE_DIR / "ops" / "_cuda"
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/opgate`` (default ``~/.cache/opgate``): caches never go into site-packages."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "opgate"
 
 
 def default_root() -> Path:
-    """``$OPGATE_CACHE`` or ``<repo>/.opgate-cache/verdicts`` (ignored by git)."""
+    """``$OPGATE_CACHE`` or the user cache folder's ``verdicts``."""
     env = os.environ.get("OPGATE_CACHE")
-    return Path(env) if env else VALIDATORS_DIR.parent / ".opgate-cache" / "verdicts"
+    return Path(env) if env else user_cache_dir() / "verdicts"
 
 
 def _source_files(
@@ -74,8 +82,16 @@ def _source_files(
 
 
 def _module_file(name: str, roots: Sequence[Path]) -> Path | None:
-    """The file of module ``name`` under one of ``roots`` (None: a third-party module)."""
+    """The file of module ``name``: opgate's own (``opgate.<stage>...``) or under one of ``roots``.
+
+    None for everything else: a third-party module is covered by its version in
+    the environment key, and never walked (site-packages is not an op's source).
+    """
     parts = name.split(".")
+    if parts[0] == "opgate":
+        roots, parts = [OPGATE_DIR], parts[1:]
+        if not parts:
+            return None
     for root in roots:
         base = root.joinpath(*parts)
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
@@ -114,7 +130,7 @@ def op_source_files(spec: Any) -> list[Path]:
     unrelated op's change (or a self-test script nothing imports) is not.
     Third-party modules are covered by their versions in the environment key.
     """
-    roots = [Path(spec.root).resolve(), REPO_ROOT]
+    roots = [Path(spec.root).resolve()] if spec.root is not None else []
     todo = [ref.split(":")[0] for ref in (spec.reference, spec.samples)]
     files: dict[Path, None] = {Path(spec.path).resolve(): None}
     for impl in spec.implementations.values():
@@ -177,7 +193,7 @@ class VerdictCache:
         if path not in self._ops:
             h = hashlib.sha256()
             for file in op_source_files(spec):
-                name = file.relative_to(REPO_ROOT) if file.is_relative_to(REPO_ROOT) else file
+                name = file.relative_to(OPGATE_DIR) if file.is_relative_to(OPGATE_DIR) else file
                 h.update(str(name).encode() + b"\0" + file.read_bytes() + b"\0")
             self._ops[path] = h.hexdigest()
         return self._ops[path]

@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from matrix.errors import ResultsFormatError
-from validators.junit import write_junit
-from validators.result import CellResult, RunResults
+from opgate.matrix.errors import ResultsFormatError
+from opgate.validators.junit import write_junit
+from opgate.validators.result import CellResult, RunResults
 
 
 def _read(path: Path) -> CellResult:

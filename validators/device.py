@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from matrix.cell import Cell, torch_major_minor
+from opgate.matrix.cell import Cell, torch_major_minor
 
 #: Modes whose runtime state cannot be trusted to stay inside one cell (AOTInductor
 #: loaders that segfault, loaded .so files): a fresh worker per cell.  ``build``
@@ -107,7 +107,7 @@ NvccFinder = Callable[[str], "str | os.PathLike[str] | None"]
 def default_nvcc_finder() -> NvccFinder | None:
     """``validators.toolchain.provide_nvcc`` (finds or installs) when the toolchain module is present."""
     try:
-        toolchain = importlib.import_module("validators.toolchain")
+        toolchain = importlib.import_module("opgate.validators.toolchain")
     except ImportError:
         return None
     finder: NvccFinder | None = getattr(toolchain, "provide_nvcc", None)

@@ -8,7 +8,7 @@ and its compute capability, Python and the platform.  The hostname is hashed:
 enough to tell two runners apart, nothing to leak.
 
 :func:`fingerprint` imports torch, so it runs in a worker (or the
-``python -m validators.env`` probe), never in the light-weight stages.
+``opgate.env`` probe), never in the light-weight stages.
 :func:`env_key` is a pure function of the fingerprint dict; reports use it to
 key their columns, so it must stay stable for a given environment.
 """
@@ -162,11 +162,11 @@ def probe(python: str = sys.executable, timeout_s: float = 300.0) -> dict[str, A
     the subprocess keeps CUDA out of the parent process.
     """
     out = subprocess.run(
-        [python, "-m", "validators.env"],
+        [python, "-m", "opgate.validators.env"],
         capture_output=True,
         text=True,
         timeout=timeout_s,
-        env={**os.environ, **DEVICE_ORDER, "PYTHONPATH": worker_pythonpath()},
+        env={**os.environ, **DEVICE_ORDER},
         check=False,
     )
     if out.returncode != 0:
@@ -213,13 +213,6 @@ def list_gpus(timeout_s: float = 30.0) -> list[dict[str, Any]] | None:
             break  # CUDA ignores everything from the first invalid entry on
         order.append(int(entry))
     return [{"index": ordinal, **by_index[phys]} for ordinal, phys in enumerate(order)]
-
-
-def worker_pythonpath() -> str:
-    """The repository root first, so ``-m validators.*`` resolves from any cwd."""
-    root = str(Path(__file__).resolve().parent.parent)
-    rest = os.environ.get("PYTHONPATH", "")
-    return os.pathsep.join([root, rest]) if rest else root
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from validators.worker import Preloaded
+    from opgate.validators.worker import Preloaded
 
 MAX_MSG = 1 << 20
 READY_TIMEOUT_S = 180.0
@@ -45,7 +45,7 @@ READY_TIMEOUT_S = 180.0
 # -- server side (runs in the fork-server process) ----------------------------------------------
 def serve_forks(fd: int, kind: str, threads: int, ops_paths: Sequence[Path]) -> int:
     """Preload, say ready, then fork a worker per request until the parent closes the socket."""
-    from validators.worker import Preloaded, preload
+    from opgate.validators.worker import Preloaded, preload
 
     t0 = time.perf_counter()
     sock = socket.socket(fileno=fd)
@@ -98,7 +98,7 @@ def _reap(sock: socket.socket) -> None:
 
 def _become_worker(req: Mapping[str, Any], fds: Sequence[int], pre: Preloaded) -> None:
     """In the forked child: own session, the parent's pipes on fds 0-2, the lane's environment."""
-    from validators import worker
+    from opgate.validators import worker
 
     t0 = time.perf_counter()
     code = 70

@@ -17,7 +17,7 @@ from typing import Any
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
-from validators.result import CellResult, RunResults, Verdict
+from opgate.validators.result import CellResult, RunResults, Verdict
 
 FAILURE_VERDICTS = frozenset({Verdict.FAIL, Verdict.FALLBACK, Verdict.FLAKY})
 SKIPPED_VERDICTS = frozenset({Verdict.SKIP, Verdict.UNSUPPORTED})

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from matrix.cell import Cell
-from validators.device import Gpu
-from validators.result import CheckResult, Verdict, combine
-from validators.workerproc import WorkerProcess
+from opgate.matrix.cell import Cell
+from opgate.validators.device import Gpu
+from opgate.validators.result import CheckResult, Verdict, combine
+from opgate.validators.workerproc import WorkerProcess
 
 
 @dataclass

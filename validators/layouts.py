@@ -23,8 +23,8 @@ import math
 
 import torch
 
-from matrix.cell import LAYOUTS
-from ops.base import SampleInput
+from opgate.matrix.cell import LAYOUTS
+from opgate.ops.base import SampleInput
 
 #: Storage offset (elements) of the ``offset`` layout: a multiple of 8 (16-byte aligned for every dtype),
 #: and a value unlikely to equal a dim (equal ints share one symbol under torch.compile: a needless guard).

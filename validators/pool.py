@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from validators.device import Gpu
-from validators.lanes import Attempt, Lane, Task, all_ok, usable
-from validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
+from opgate.validators.device import Gpu
+from opgate.validators.lanes import Attempt, Lane, Task, all_ok, usable
+from opgate.validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
 
 __all__ = ["Attempt", "Pool", "Task"]
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from validators.result import CellResult, RunResults, Verdict
+from opgate.validators.result import CellResult, RunResults, Verdict
 
 #: Display order of verdicts in counts (worst first).
 ORDER = (

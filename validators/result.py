@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from matrix.cell import Cell
-from matrix.errors import ResultsFormatError
+from opgate.matrix.cell import Cell
+from opgate.matrix.errors import ResultsFormatError
 
 RESULTS_SCHEMA_VERSION = 1
 

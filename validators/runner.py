@@ -1,4 +1,4 @@
-"""``python -m validators run``: cells -> workers -> results.json, junit.xml, per-cell files.
+"""``opgate run``: cells -> workers -> results.json, junit.xml, per-cell files.
 
 The runner decides *what* runs here (:mod:`validators.device`), serves
 unchanged cells from the verdict cache (:mod:`validators.cache`), hands the
@@ -33,19 +33,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from matrix.cell import Cell
-from matrix.errors import CellsFailed, OpgateError
-from validators import device, env
-from validators.attempts import AttemptView, merge_attempts, wants_retry
-from validators.breakdown import breakdown
-from validators.cache import VerdictCache, environment_identity
-from validators.cache import default_root as default_cache_root
-from validators.collect import write_run
-from validators.device import Gpu, Placement, Plan, plan_cells
-from validators.pool import Attempt, Pool, Task
-from validators.progress import Progress, format_summary
-from validators.result import CellResult, RunResults, Verdict
-from validators.workerproc import WorkerConfig
+from opgate.matrix.cell import Cell
+from opgate.matrix.errors import CellsFailed, OpgateError
+from opgate.validators import device, env
+from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
+from opgate.validators.breakdown import breakdown
+from opgate.validators.cache import VerdictCache, environment_identity
+from opgate.validators.cache import default_root as default_cache_root
+from opgate.validators.collect import write_run
+from opgate.validators.device import Gpu, Placement, Plan, plan_cells
+from opgate.validators.pool import Attempt, Pool, Task
+from opgate.validators.progress import Progress, format_summary
+from opgate.validators.result import CellResult, RunResults, Verdict
+from opgate.validators.workerproc import WorkerConfig
 
 #: Per-mode default timeouts (s): compile-heavy modes pay Inductor's first compile.
 DEFAULT_TIMEOUTS: Mapping[str, float] = {
@@ -119,7 +119,7 @@ def timeout_for(cell: Cell, cli_timeout: float | None) -> float:
 def repro_command(cell_id: str, seed: int | None, options: RunOptions) -> str:
     """One line that re-runs just this cell with the same inputs (seed) and op folders."""
     quoted = f"'{cell_id}'" if shlex.quote(cell_id) == cell_id else shlex.quote(cell_id)
-    parts = ["python -m validators run", f"--select {quoted}"]
+    parts = ["opgate run", f"--select {quoted}"]
     if seed is not None:
         parts.append(f"--seed {seed}")
     if options.config is not None:
@@ -211,8 +211,8 @@ class Runner:
 
     def _prepare(self) -> list[Gpu]:
         """Cells and specs, the GPU probe (only where a GPU may exist), the plan, the cache."""
-        from matrix import load_cells
-        from ops.spec import load_specs
+        from opgate.matrix import load_cells
+        from opgate.ops.spec import load_specs
 
         opts = self.options
         cells = load_cells(opts.config, self.ops_paths, list(opts.select), list(opts.skip))

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from matrix.errors import OpgateError
+from opgate.matrix.errors import OpgateError
 
 _RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+\.\d+)")
 _VERSION_RE = re.compile(r"^\d+\.\d+$")

@@ -147,7 +147,7 @@ def run_task(
     task: Mapping[str, Any], specs: Mapping[str, Any], run_cell: RunCell, kind: str
 ) -> dict[str, Any]:
     """Run one cell in this process; always returns a result message (crashes kill us instead)."""
-    from matrix.cell import Cell
+    from opgate.matrix.cell import Cell
 
     cell = Cell.from_json(task["cell"])
     log = Path(task["log"])
@@ -203,7 +203,7 @@ def _send(channel: IO[str], msg: Mapping[str, Any]) -> None:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m validators.worker")
+    ap = argparse.ArgumentParser(prog="opgate.worker")
     ap.add_argument("--kind", choices=("cpu", "cuda", "build"), required=True)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--ops-path", action="append", default=[], type=Path)
@@ -226,8 +226,8 @@ def preload(ops_paths: Sequence[Path]) -> tuple[Mapping[str, Any], RunCell]:
         with contextlib.suppress(ImportError):
             importlib.import_module(optional)
 
-    from ops.spec import load_specs
-    from validators.checks import run_cell
+    from opgate.ops.spec import load_specs
+    from opgate.validators.checks import run_cell
 
     return load_specs(list(ops_paths)), run_cell
 
@@ -253,7 +253,7 @@ def serve_loop(channel: IO[str], pre: Preloaded, t0: float) -> int:
     """Say hello (with this process's fingerprint), then run tasks from stdin until it closes."""
     import torch
 
-    from validators.env import fingerprint
+    from opgate.validators.env import fingerprint
 
     if pre.threads > 0:
         torch.set_num_threads(pre.threads)
@@ -283,7 +283,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         print("cpu worker started without TRITON_INTERPRET=1", file=sys.stderr)
         return 2
     if args.fork_server is not None:
-        from validators.forkserver import serve_forks
+        from opgate.validators.forkserver import serve_forks
 
         os.dup2(2, 1)  # the fork server talks over its socket; prints go to its log
         arm()

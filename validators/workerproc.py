@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from validators.device import Gpu
-from validators.env import DEVICE_ORDER, worker_pythonpath
-from validators.forkserver import ForkedProcess, ForkServer
-from validators.worker import BUILD_ENV, CPU_ENV
+from opgate.validators.device import Gpu
+from opgate.validators.env import DEVICE_ORDER
+from opgate.validators.forkserver import ForkedProcess, ForkServer
+from opgate.validators.worker import BUILD_ENV, CPU_ENV
 
 
 def exit_description(returncode: int | None) -> str:
@@ -195,7 +195,7 @@ class WorkerConfig:
     ops_paths: Sequence[Path] = ()
     threads: int = 0
     python: str = sys.executable
-    module: str = "validators.worker"
+    module: str = "opgate.validators.worker"
     extra_env: Mapping[str, str] = field(default_factory=dict)
     fork_server: bool = False  # fork workers from one preloaded process per kind
 
@@ -206,7 +206,7 @@ class WorkerConfig:
         return argv
 
     def env(self, kind: str, gpu: Gpu | None) -> dict[str, str]:
-        env = {**os.environ, **self.extra_env, "PYTHONPATH": worker_pythonpath(), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1"}
         if self.threads:
             env["OMP_NUM_THREADS"] = str(self.threads)
         if kind == "cpu":

@@ -1,6 +1,6 @@
 """Benchmark opgate::fused_add_rms_norm against aten, torch.compile(reference) and Liger (CUDA only).
 
-    python -m ops.fused_add_rms_norm.bench [--shapes 8x4096,4096x4096,32768x8192] [--out FILE]
+    python -m opgate.ops.fused_add_rms_norm.bench [--shapes 8x4096,4096x4096,32768x8192] [--out FILE]
 
 Bytes: forward reads x, residual, w and writes y, h; backward reads dy, dh, h, w and
 writes one gradient shared by x and residual, plus dw.
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ops._bench import Impl, Problem, liger, main
+from opgate.ops._bench import Impl, Problem, liger, main
 
 EPS = 1e-6
 
@@ -40,8 +40,8 @@ def _aten(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> tupl
 
 
 def impls() -> list[Impl]:
-    import ops.fused_add_rms_norm.triton_impl as impl
-    from ops.fused_add_rms_norm import reference
+    import opgate.ops.fused_add_rms_norm.triton_impl as impl
+    from opgate.ops.fused_add_rms_norm import reference
 
     op = torch.ops.opgate.fused_add_rms_norm.default
     out: list[Impl] = [

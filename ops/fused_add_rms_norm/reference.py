@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ops.base import SampleInput, randn
-from ops.rms_norm.reference import rms_norm
+from opgate.ops.base import SampleInput, randn
+from opgate.ops.rms_norm.reference import rms_norm
 
 
 def fused_add_rms_norm(

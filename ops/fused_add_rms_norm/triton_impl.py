@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from ops._triton_util import check, check_float, check_same_device
-from ops.fused_add_rms_norm import triton_kernels as K
-from ops.rms_norm.launch import rms_backward, rms_forward
-from ops.rms_norm.triton_impl import check_inputs
+from opgate.ops._triton_util import check, check_float, check_same_device
+from opgate.ops.fused_add_rms_norm import triton_kernels as K
+from opgate.ops.rms_norm.launch import rms_backward, rms_forward
+from opgate.ops.rms_norm.triton_impl import check_inputs
 
 OP = "opgate::fused_add_rms_norm"
 

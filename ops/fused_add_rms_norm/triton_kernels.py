@@ -11,8 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops._triton_util import build_signature
-from ops.rms_norm.triton_kernels import _rms_bwd_body, _rms_fwd_body
+from opgate.ops._triton_util import build_signature
+from opgate.ops.rms_norm.triton_kernels import _rms_bwd_body, _rms_fwd_body
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """Benchmark opgate::layer_norm (+ fused GELU) against aten, torch.compile(reference) and Liger (CUDA only).
 
-    python -m ops.layer_norm.bench [--shapes 8x4096x0,4096x4096x0,32768x8192x0,32768x8192x1] [--out FILE]
+    python -m opgate.ops.layer_norm.bench [--shapes 8x4096x0,4096x4096x0,32768x8192x1] [--out FILE]
 
 Shapes are MxNxG (G = 1 fuses the exact GELU).  Bytes: forward reads x, w, b and writes y;
 backward reads x, dy, w, b and writes dx, dw, db.
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ops._bench import Impl, Problem, liger, main
+from opgate.ops._bench import Impl, Problem, liger, main
 
 EPS = 1e-5
 
@@ -39,8 +39,8 @@ def _aten(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, gelu: b
 
 
 def impls() -> list[Impl]:
-    import ops.layer_norm.triton_impl as impl
-    from ops.layer_norm import reference
+    import opgate.ops.layer_norm.triton_impl as impl
+    from opgate.ops.layer_norm import reference
 
     op = torch.ops.opgate.layer_norm.default
     out: list[Impl] = [

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ops._triton_device import reduce_partials
-from ops._triton_util import (
+from opgate.ops._triton_device import reduce_partials
+from opgate.ops._triton_util import (
     BWD_TUNING,
     MAX_FUSED_BWD,
     MAX_FUSED_FWD,
@@ -32,7 +32,7 @@ from ops._triton_util import (
     persistent_programs,
     row_tile,
 )
-from ops.layer_norm import triton_kernels as K
+from opgate.ops.layer_norm import triton_kernels as K
 
 OP = "opgate::layer_norm"
 

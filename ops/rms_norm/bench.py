@@ -1,6 +1,6 @@
 """Benchmark opgate::rms_norm against aten, torch.compile(reference) and Liger-Kernel (CUDA only).
 
-    python -m ops.rms_norm.bench [--shapes 8x4096,4096x4096,32768x8192] [--dtypes bf16] [--out FILE]
+    python -m opgate.ops.rms_norm.bench [--shapes 8x4096,4096x4096,32768x8192] [--dtypes bf16] [--out FILE]
 
 Bytes: forward reads x, w and writes y; backward reads x, dy, w and writes dx, dw.
 """
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ops._bench import Impl, Problem, liger, main, spec_impl
+from opgate.ops._bench import Impl, Problem, liger, main, spec_impl
 
 EPS = 1e-6
 
@@ -30,8 +30,8 @@ def problems(shape: tuple[int, ...], dtype: torch.dtype, dname: str, device: tor
 
 
 def impls() -> list[Impl]:
-    import ops.rms_norm.triton_impl
-    from ops.rms_norm import reference
+    import opgate.ops.rms_norm.triton_impl
+    from opgate.ops.rms_norm import reference
 
     op = torch.ops.opgate.rms_norm.default
 
@@ -50,7 +50,7 @@ def impls() -> list[Impl]:
     fn = liger("liger_kernel.transformers.functional", "liger_rms_norm")
     if fn is not None:
         out.append(("liger", fn))
-    assert ops.rms_norm.triton_impl.OP
+    assert opgate.ops.rms_norm.triton_impl.OP
     return out
 
 

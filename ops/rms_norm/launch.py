@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ops._triton_device import reduce_partials
-from ops._triton_util import (
+from opgate.ops._triton_device import reduce_partials
+from opgate.ops._triton_util import (
     BWD_TUNING,
     CHUNK,
     MAX_FUSED_BWD,
@@ -31,7 +31,7 @@ from ops._triton_util import (
     persistent_programs,
     row_tile,
 )
-from ops.rms_norm import triton_kernels as K
+from opgate.ops.rms_norm import triton_kernels as K
 
 
 def _torch_acc(*dtypes: torch.dtype) -> torch.dtype:

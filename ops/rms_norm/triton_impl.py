@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ops._triton_util import check, check_float, check_same_device
-from ops.rms_norm.launch import rms_backward, rms_forward
+from opgate.ops._triton_util import check, check_float, check_same_device
+from opgate.ops.rms_norm.launch import rms_backward, rms_forward
 
 OP = "opgate::rms_norm"
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops._triton_device import inv_sqrt, load_tile, load_tile_raw, round_to
-from ops._triton_util import build_signature
+from opgate.ops._triton_device import inv_sqrt, load_tile, load_tile_raw, round_to
+from opgate.ops._triton_util import build_signature
 
 
 @triton.jit

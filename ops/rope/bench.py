@@ -1,6 +1,6 @@
 """Benchmark opgate::rope against the eager reference, torch.compile(reference) and Liger (CUDA only).
 
-    python -m ops.rope.bench [--shapes 1x128x32x128x1,4x4096x32x128x1,4x4096x32x128x0] [--out FILE]
+    python -m opgate.ops.rope.bench [--shapes 1x128x32x128x1,4x4096x32x128x1,4x4096x32x128x0] [--out FILE]
 
 Shapes are BxSxHxDxL (L = 0: (B, S, H, D); L = 1: (B, H, S, D)); k has H // 2 heads.
 Bytes: read q, k and write both (forward and backward alike) plus the cos/sin tables.
@@ -19,11 +19,11 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ops._bench import Impl, Problem, liger, main
+from opgate.ops._bench import Impl, Problem, liger, main
 
 
 def problems(shape: tuple[int, ...], dtype: torch.dtype, dname: str, device: torch.device) -> Problem:
-    from ops.rope.reference import rope_tables
+    from opgate.ops.rope.reference import rope_tables
 
     b, s, h, d, code = shape
     layout = ("bshd", "bhsd")[code]
@@ -51,8 +51,8 @@ def _liger_bhsd(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def impls() -> list[Impl]:
-    import ops.rope.triton_impl as impl
-    from ops.rope import reference
+    import opgate.ops.rope.triton_impl as impl
+    from opgate.ops.rope import reference
 
     op = torch.ops.opgate.rope.default
     out: list[Impl] = [

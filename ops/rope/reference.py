@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ops.base import SampleInput, randn
+from opgate.ops.base import SampleInput, randn
 
 LAYOUTS = ("bshd", "bhsd")
 

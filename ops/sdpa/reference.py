@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ops.base import SampleInput, randn
+from opgate.ops.base import SampleInput, randn
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:

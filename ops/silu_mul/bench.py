@@ -1,6 +1,6 @@
 """Benchmark opgate::silu_mul against aten F.silu(a) * b, torch.compile(reference) and Liger (CUDA only).
 
-    python -m ops.silu_mul.bench [--shapes 8x14336,4096x14336,32768x8192] [--out FILE]
+    python -m opgate.ops.silu_mul.bench [--shapes 8x14336,4096x14336,32768x8192] [--out FILE]
 
 Bytes: forward reads a, b and writes y; backward reads dy, a, b and writes da, db.
 """
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ops._bench import Impl, Problem, liger, main, spec_impl
+from opgate.ops._bench import Impl, Problem, liger, main, spec_impl
 
 
 def problems(shape: tuple[int, ...], dtype: torch.dtype, dname: str, device: torch.device) -> Problem:
@@ -32,8 +32,8 @@ def _aten(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def impls() -> list[Impl]:
-    import ops.silu_mul.triton_impl as impl
-    from ops.silu_mul import reference
+    import opgate.ops.silu_mul.triton_impl as impl
+    from opgate.ops.silu_mul import reference
 
     op = torch.ops.opgate.silu_mul.default
     out: list[Impl] = [

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ops._cuda_build import load_library
+from opgate.ops._cuda_build import load_library
 
 CUDA_DIR = Path(__file__).resolve().parent / "cuda"
 SOURCES = (CUDA_DIR / "silu_mul_op.cpp", CUDA_DIR / "silu_mul_kernels.cu")

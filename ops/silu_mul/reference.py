@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ops.base import SampleInput, randn
+from opgate.ops.base import SampleInput, randn
 
 
 def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ops._triton_device import load_tile, round_to
-from ops._triton_util import (
+from opgate.ops._triton_device import load_tile, round_to
+from opgate.ops._triton_util import (
     acc_dtype,
     build_signature,
     cdiv,

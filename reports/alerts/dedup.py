@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from matrix.errors import ResultsFormatError
-from reports.alerts.message import AlertItem
+from opgate.matrix.errors import ResultsFormatError
+from opgate.reports.alerts.message import AlertItem
 
 STATE_VERSION = 1
 

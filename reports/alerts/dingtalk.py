@@ -15,8 +15,8 @@ import hmac
 import urllib.parse
 from typing import Any
 
-from reports.alerts.message import Alert, fit
-from reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.message import Alert, fit
+from opgate.reports.alerts.transport import Response, Verdict
 
 URL_ENV = "OPGATE_DINGTALK_WEBHOOK_URL"
 SECRET_ENV = "OPGATE_DINGTALK_SECRET"  # noqa: S105 - a variable name, not a secret

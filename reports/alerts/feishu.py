@@ -13,8 +13,8 @@ import hashlib
 import hmac
 from typing import Any
 
-from reports.alerts.message import Alert, fit, json_size
-from reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.message import Alert, fit, json_size
+from opgate.reports.alerts.transport import Response, Verdict
 
 URL_ENV = "OPGATE_FEISHU_WEBHOOK_URL"
 SECRET_ENV = "OPGATE_FEISHU_SECRET"  # noqa: S105 - a variable name, not a secret

@@ -1,4 +1,4 @@
-"""The platforms ``python -m reports alert --platform`` knows, by name."""
+"""The platforms ``opgate alert --platform`` knows, by name."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from reports.alerts import dingtalk, discord, feishu, slack, teams, webhook, wecom
-from reports.alerts.message import Alert
-from reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts import dingtalk, discord, feishu, slack, teams, webhook, wecom
+from opgate.reports.alerts.message import Alert
+from opgate.reports.alerts.transport import Response, Verdict
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``python -m reports alert``: deliver a diff's regressions to one chat platform.
+"""``opgate alert``: deliver a diff's regressions to one chat platform.
 
 Secrets come from environment variables only (``Platform.url_env`` and
 ``secret_env``); nothing here accepts them as arguments, so they never reach
@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from matrix.errors import UsageError
-from reports.alerts.dedup import DedupState
-from reports.alerts.message import from_diff
-from reports.alerts.registry import PLATFORMS
-from reports.alerts.transport import Redactor, RetryPolicy, check_url, post_json, redact_url
-from reports.compat import now_utc
+from opgate.matrix.errors import UsageError
+from opgate.reports.alerts.dedup import DedupState
+from opgate.reports.alerts.message import from_diff
+from opgate.reports.alerts.registry import PLATFORMS
+from opgate.reports.alerts.transport import Redactor, RetryPolicy, check_url, post_json, redact_url
+from opgate.reports.compat import now_utc
 
 
 def default_run_id(doc: Mapping[str, Any], env: Mapping[str, str]) -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.alerts.message import Alert, fit
-from reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.message import Alert, fit
+from opgate.reports.alerts.transport import Response, Verdict
 
 URL_ENV = "OPGATE_SLACK_WEBHOOK_URL"
 SECRET_ENV = None

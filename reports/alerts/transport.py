@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from matrix.errors import AlertDeliveryFailed
+from opgate.matrix.errors import AlertDeliveryFailed
 
 USER_AGENT = "opgate-alerts/1"
 BODY_PREVIEW = 200

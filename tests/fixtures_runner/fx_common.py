@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from ops.base import SampleInput, randn
+from opgate.ops.base import SampleInput, randn
 
 
 def scale(x: torch.Tensor) -> torch.Tensor:

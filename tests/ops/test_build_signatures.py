@@ -13,11 +13,11 @@ import inspect
 import pytest
 
 MODULES = {
-    "ops.rms_norm.triton_kernels": 4,
-    "ops.fused_add_rms_norm.triton_kernels": 2,
-    "ops.silu_mul.triton_impl": 2,
-    "ops.rope.triton_impl": 1,
-    "ops.layer_norm.triton_kernels": 4,
+    "opgate.ops.rms_norm.triton_kernels": 4,
+    "opgate.ops.fused_add_rms_norm.triton_kernels": 2,
+    "opgate.ops.silu_mul.triton_impl": 2,
+    "opgate.ops.rope.triton_impl": 1,
+    "opgate.ops.layer_norm.triton_kernels": 4,
 }
 
 

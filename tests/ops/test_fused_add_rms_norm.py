@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.fused_add_rms_norm import reference as ref
-from ops.fused_add_rms_norm.triton_impl import fused_add_rms_norm
+from opgate.ops.fused_add_rms_norm import reference as ref
+from opgate.ops.fused_add_rms_norm.triton_impl import fused_add_rms_norm
 from tests.ops._helpers import DEVICE, DTYPES, LAYOUTS, compare_op, with_layout
 
 

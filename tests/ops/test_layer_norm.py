@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.layer_norm import reference as ref
-from ops.layer_norm.triton_impl import layer_norm
+from opgate.ops.layer_norm import reference as ref
+from opgate.ops.layer_norm.triton_impl import layer_norm
 from tests.ops._helpers import DEVICE, DTYPES, LAYOUTS, compare_op, with_layout
 
 
@@ -74,7 +74,7 @@ def test_bias_shape_mismatch_is_a_clear_error() -> None:
 
 
 def test_backward_without_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ops import _triton_util
+    from opgate.ops import _triton_util
 
     monkeypatch.setitem(_triton_util.BWD_TUNING, "prefetch", False)
     (x, w, b), kw = _sample((37, 200, 1), torch.float32, seed=8)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.rms_norm import reference as ref
-from ops.rms_norm.triton_impl import rms_norm
+from opgate.ops.rms_norm import reference as ref
+from opgate.ops.rms_norm.triton_impl import rms_norm
 from tests.ops._helpers import DEVICE, DTYPES, LAYOUTS, assert_close_rule, compare_op, with_layout
 
 
@@ -118,7 +118,7 @@ def test_the_comparison_rule_catches_a_planted_error() -> None:
 
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_backward_with_and_without_prefetch(prefetch: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ops import _triton_util
+    from opgate.ops import _triton_util
 
     monkeypatch.setitem(_triton_util.BWD_TUNING, "prefetch", prefetch)
     x, w = _sample((37, 200), torch.float32, seed=7)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.rope import reference as ref
-from ops.rope.triton_impl import rope
+from opgate.ops.rope import reference as ref
+from opgate.ops.rope.triton_impl import rope
 from tests.ops._helpers import DEVICE, DTYPES, LAYOUTS, compare_op, with_layout
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.silu_mul import reference as ref
-from ops.silu_mul.triton_impl import silu_mul
+from opgate.ops.silu_mul import reference as ref
+from opgate.ops.silu_mul.triton_impl import silu_mul
 from tests.ops._helpers import DEVICE, DTYPES, LAYOUTS, compare_op, with_layout
 
 

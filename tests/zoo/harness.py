@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if TYPE_CHECKING:
-    from matrix.cell import Cell
-    from ops.spec import OpSpec
-    from validators.checks import CellOutcome
-    from validators.result import Verdict
+    from opgate.matrix.cell import Cell
+    from opgate.ops.spec import OpSpec
+    from opgate.validators.checks import CellOutcome
+    from opgate.validators.result import Verdict
 
 ZOO = Path(__file__).resolve().parent
 
 
 @functools.cache
 def specs() -> dict[str, OpSpec]:
-    from ops.spec import load_specs
+    from opgate.ops.spec import load_specs
 
     return load_specs([ZOO])
 
@@ -34,7 +34,7 @@ def make_cell(
 ) -> Cell:
     import torch
 
-    from matrix.cell import Cell
+    from opgate.matrix.cell import Cell
 
     return Cell(
         op=op, impl=impl, torch=torch.__version__, cuda="none", arch="cpu",
@@ -44,8 +44,8 @@ def make_cell(
 
 def run(cell: Cell, workdir: Path, seed: int = 1234) -> tuple[Verdict, CellOutcome]:
     """(cell verdict, outcome) of one cell run through the agreed entry point on CPU."""
-    from validators.checks import run_cell
-    from validators.result import combine
+    from opgate.validators.checks import run_cell
+    from opgate.validators.result import combine
 
     outcome = run_cell(cell, specs()[cell.op], "cpu", seed, workdir / cell.id)
     return (outcome.verdict or combine(outcome.checks)), outcome

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from validators.result import CheckResult, Verdict
+from opgate.validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
-    from matrix.cell import Cell
-    from ops.spec import OpSpec
+    from opgate.matrix.cell import Cell
+    from opgate.ops.spec import OpSpec
 
 
 @dataclass
@@ -52,7 +52,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     becomes ``error``); a native crash (segfault) or a hang takes the worker
     process down, which the runner records as the cell's ``error``.
     """
-    from validators.checks.cell import run_cell as _run_cell
+    from opgate.validators.checks.cell import run_cell as _run_cell
 
     return _run_cell(cell, spec, device, seed, workdir)
 

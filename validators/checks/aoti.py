@@ -12,11 +12,11 @@ its kernel.
 
 from __future__ import annotations
 
-from validators.checks.artifacts import Aoti, ArtifactError
-from validators.checks.base import Check
-from validators.checks.context import CellContext
-from validators.checks.export import check_graphs
-from validators.result import CheckResult, Verdict
+from opgate.validators.checks.artifacts import Aoti, ArtifactError
+from opgate.validators.checks.base import Check
+from opgate.validators.checks.context import CellContext
+from opgate.validators.checks.export import check_graphs
+from opgate.validators.result import CheckResult, Verdict
 
 NAME = "aoti"
 

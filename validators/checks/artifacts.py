@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ops.base import SampleInput
-from validators.checks.base import describe_exception
+from opgate.ops.base import SampleInput
+from opgate.validators.checks.base import describe_exception
 
 
 class ArtifactError(RuntimeError):

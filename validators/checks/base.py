@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from validators.result import CheckResult, Verdict
+from opgate.validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
-    from validators.checks.context import CellContext
+    from opgate.validators.checks.context import CellContext
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from validators.checks import CellOutcome
-from validators.result import CheckResult, Verdict
+from opgate.validators.checks import CellOutcome
+from opgate.validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
-    from matrix.cell import Cell
-    from ops.spec import ImplSpec, OpSpec
+    from opgate.matrix.cell import Cell
+    from opgate.ops.spec import ImplSpec, OpSpec
 
 CHECK = "build"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,9 +76,9 @@ def _expected_kernels(impl: ImplSpec) -> tuple[str, ...]:
 def _cuda_cell(cell: Cell, spec: OpSpec, impl: ImplSpec, sass: list[str], start: float) -> CellOutcome:
     import torch
 
-    from ops import _cuda_build as cb
-    from validators.binaries import kernels_by_arch, list_arches
-    from validators.toolchain import ToolchainUnavailable, ensure_nvcc
+    from opgate.ops import _cuda_build as cb
+    from opgate.validators.binaries import kernels_by_arch, list_arches
+    from opgate.validators.toolchain import ToolchainUnavailable, ensure_nvcc
 
     ptx = bool(impl.arch_policy.get("ptx", False))
     details: dict[str, Any] = {
@@ -130,7 +130,7 @@ def _judge_cuda(  # noqa: PLR0917 (evidence gathered by the caller, judged here)
     start: float,
 ) -> CellOutcome:
     """pass only if every claimed arch has SASS (PTX when asked) holding the expected kernels."""
-    from validators.binaries import missing_arches, sass_satisfies
+    from opgate.validators.binaries import missing_arches, sass_satisfies
 
     wanted_ptx = [a.replace("sm_", "compute_") for a in sass] if ptx else []
     missing = missing_arches(found, sass, wanted_ptx)
@@ -159,7 +159,7 @@ def _cell_ptxas(cell: Cell) -> Path | CellOutcome:
     Without this, every Triton build cell would use the ptxas bundled in Triton's
     wheel and the CUDA axis would say nothing.  A missing toolkit is a ``skip``.
     """
-    from validators.toolchain import ToolchainUnavailable, ensure_nvcc
+    from opgate.validators.toolchain import ToolchainUnavailable, ensure_nvcc
 
     start = time.monotonic()
     try:
@@ -174,7 +174,7 @@ def _cell_ptxas(cell: Cell) -> Path | CellOutcome:
 
 def _triton_cell(cell: Cell, impl: ImplSpec, workdir: Path, start: float) -> CellOutcome:
     """Cross-compile in a child interpreter and judge each cubin's SASS."""
-    from validators.binaries import list_arches, sass_satisfies
+    from opgate.validators.binaries import list_arches, sass_satisfies
 
     outdir = workdir / "build" / cell.arch
     outdir.mkdir(parents=True, exist_ok=True)
@@ -186,12 +186,11 @@ def _triton_cell(cell: Cell, impl: ImplSpec, workdir: Path, start: float) -> Cel
         "outdir": str(outdir),
     }
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     ptxas = _cell_ptxas(cell)
     if isinstance(ptxas, CellOutcome):
         return ptxas
     env["TRITON_PTXAS_PATH"] = str(ptxas)
-    cmd = [sys.executable, "-m", "validators.checks.triton_build", json.dumps(request)]
+    cmd = [sys.executable, "-m", "opgate.validators.checks.triton_build", json.dumps(request)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TRITON_TIMEOUT_S, check=False)
     try:
         report = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -21,13 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from validators.result import CheckResult, Verdict
+from opgate.validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
-    from matrix.cell import Cell
-    from ops.spec import ImplSpec, OpSpec
-    from validators.checks import CellOutcome
-    from validators.checks.base import Check
+    from opgate.matrix.cell import Cell
+    from opgate.ops.spec import ImplSpec, OpSpec
+    from opgate.validators.checks import CellOutcome
+    from opgate.validators.checks.base import Check
 
 #: Check modules per mode, in run order.
 MODE_CHECKS: dict[str, tuple[str, ...]] = {
@@ -129,12 +129,12 @@ def missing_requirement(requires: list[str]) -> str | None:
 
 def _build_outcome(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:
     """Mode ``build``: delegated to ``validators.checks.build`` (binary evidence, no device)."""
-    from validators.checks import CellOutcome
+    from opgate.validators.checks import CellOutcome
 
     try:
-        build = importlib.import_module("validators.checks.build")
+        build = importlib.import_module("opgate.validators.checks.build")
     except ModuleNotFoundError as exc:
-        if exc.name != "validators.checks.build":
+        if exc.name != "opgate.validators.checks.build":
             raise
         return CellOutcome([], [], "no build check is installed in this opgate", Verdict.SKIP)
     outcome: CellOutcome = build.run_cell(cell, spec, device, seed, workdir)
@@ -155,8 +155,8 @@ def _setup_failed(cell: Cell, impl: ImplSpec | None, exc: Exception) -> CellOutc
     CPU-only torch cannot load its library) gave the clear refusal the limits check
     asks for: ``unsupported``, with the message.
     """
-    from validators.checks import CellOutcome
-    from validators.checks.base import error_result
+    from opgate.validators.checks import CellOutcome
+    from opgate.validators.checks.base import error_result
 
     declared = impl.unsupported_reason(cell.id) if impl is not None else None
     if declared is None:
@@ -174,8 +174,8 @@ def _setup_failed(cell: Cell, impl: ImplSpec | None, exc: Exception) -> CellOutc
 
 def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:
     """The agreed entry point (see :func:`validators.checks.run_cell`)."""
-    from validators.checks import CellOutcome
-    from validators.result import combine
+    from opgate.validators.checks import CellOutcome
+    from opgate.validators.result import combine
 
     if cell.mode == "build":
         return _build_outcome(cell, spec, device, seed, workdir)
@@ -183,7 +183,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
         return CellOutcome([], [], "CUDA graphs need a CUDA device", Verdict.SKIP)
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the op module decorates its kernels
-    if str(spec.root) not in sys.path:
+    if spec.root is not None and str(spec.root) not in sys.path:
         sys.path.insert(0, str(spec.root))
     impl = spec.implementations.get(cell.impl)
     missing = missing_requirement(impl.requires) if impl is not None else None
@@ -192,10 +192,10 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
 
     import torch
 
-    from validators.checks.artifacts import make_artifact
-    from validators.checks.base import run_check
-    from validators.checks.context import build_context
-    from validators.layouts import LayoutError
+    from opgate.validators.checks.artifacts import make_artifact
+    from opgate.validators.checks.base import run_check
+    from opgate.validators.checks.context import build_context
+    from opgate.validators.layouts import LayoutError
 
     workdir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
@@ -209,7 +209,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
             return _setup_failed(cell, impl, exc)
         ctx.artifact = make_artifact(cell.mode, ctx.op, spec.dynamic_shapes, workdir)
         if ctx.impl.unsupported_reason(cell.id) is not None:
-            from validators.checks import limits
+            from opgate.validators.checks import limits
 
             results = [run_check(c, ctx) for c in limits.CHECKS]
         else:

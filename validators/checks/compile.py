@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from ops.base import SampleInput
-from validators.checks.artifacts import ArtifactError, Compiled
-from validators.checks.base import Check, describe_exception
-from validators.checks.context import CellContext
-from validators.result import CheckResult, Verdict
+from opgate.ops.base import SampleInput
+from opgate.validators.checks.artifacts import ArtifactError, Compiled
+from opgate.validators.checks.base import Check, describe_exception
+from opgate.validators.checks.context import CellContext
+from opgate.validators.result import CheckResult, Verdict
 
 NAME = "compile"
 

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ops.base import DTYPES, SampleInput
-from validators.layouts import LayoutError, apply_layout, zero_size_variants
-from validators.tolerance import Rule
+from opgate.ops.base import DTYPES, SampleInput
+from opgate.validators.layouts import LayoutError, apply_layout, zero_size_variants
+from opgate.validators.tolerance import Rule
 
 if TYPE_CHECKING:
-    from matrix.cell import Cell
-    from ops.spec import ImplSpec, OpSpec
-    from validators.checks.artifacts import Artifact
+    from opgate.matrix.cell import Cell
+    from opgate.ops.spec import ImplSpec, OpSpec
+    from opgate.validators.checks.artifacts import Artifact
 
 #: Odd multiplier that spreads (seed, stream) pairs over the generator's 63-bit seed space.
 _STREAM_MIX = 0x9E3779B97F4A7C15
@@ -148,7 +148,7 @@ def _tolerance(cell: Cell, impl: ImplSpec) -> Rule:
 
 def build_context(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellContext:
     """Import the implementation and resolve the spec's callables for one cell."""
-    from ops.spec import resolve
+    from opgate.ops.spec import resolve
 
     if cell.impl not in spec.implementations:
         known = ", ".join(sorted(spec.implementations))
@@ -158,7 +158,7 @@ def build_context(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Pat
         raise KeyError(f"cell {cell.id}: unknown dtype {cell.dtype!r}")
     if cell.shapes not in spec.shapes:
         raise KeyError(f"{spec.path}: op {spec.op!r} has no shape set {cell.shapes!r}")
-    if str(spec.root) not in sys.path:  # --ops-path specs import from their own folder
+    if spec.root is not None and str(spec.root) not in sys.path:  # --ops-path specs: their folder
         sys.path.insert(0, str(spec.root))
     if impl.module:
         importlib.import_module(impl.module)

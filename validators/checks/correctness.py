@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from ops.base import SampleInput
-from validators.checks.artifacts import ArtifactError
-from validators.checks.base import Check
-from validators.checks.context import CellContext, call, upcast
-from validators.layouts import describe
-from validators.result import CheckResult, Verdict
-from validators.tolerance import Comparison, compare
+from opgate.ops.base import SampleInput
+from opgate.validators.checks.artifacts import ArtifactError
+from opgate.validators.checks.base import Check
+from opgate.validators.checks.context import CellContext, call, upcast
+from opgate.validators.layouts import describe
+from opgate.validators.result import CheckResult, Verdict
+from opgate.validators.tolerance import Comparison, compare
 
 NAME = "correctness"
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ops.base import SampleInput
-from validators.checks.artifacts import ArtifactError, CudaGraphed
-from validators.checks.base import Check, describe_exception
-from validators.checks.context import CellContext
-from validators.result import CheckResult, Verdict
+from opgate.ops.base import SampleInput
+from opgate.validators.checks.artifacts import ArtifactError, CudaGraphed
+from opgate.validators.checks.base import Check, describe_exception
+from opgate.validators.checks.context import CellContext
+from opgate.validators.result import CheckResult, Verdict
 
 NAME = "cudagraphs"
 CALLS_PER_SHAPE = 3

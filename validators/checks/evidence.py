@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from ops.base import SampleInput
-from validators.checks.base import Check
-from validators.checks.context import CellContext, call
-from validators.profiling import executed_custom_ops, match, matches, profile_call
-from validators.result import CheckResult, Verdict
+from opgate.ops.base import SampleInput
+from opgate.validators.checks.base import Check
+from opgate.validators.checks.context import CellContext, call
+from opgate.validators.profiling import executed_custom_ops, match, matches, profile_call
+from opgate.validators.result import CheckResult, Verdict
 
 NAME = "evidence"
 #: Base-pointer alignment Inductor assumes for graph inputs it compiled as aligned.

@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from validators.checks.artifacts import ArtifactError, Exported
-from validators.checks.base import Check
-from validators.checks.context import CellContext
-from validators.result import CheckResult, Verdict
+from opgate.validators.checks.artifacts import ArtifactError, Exported
+from opgate.validators.checks.base import Check
+from opgate.validators.checks.context import CellContext
+from opgate.validators.result import CheckResult, Verdict
 
 NAME = "export"
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from ops.base import SampleInput
-from validators.checks.base import Check, describe_exception
-from validators.checks.context import CellContext, call
-from validators.layouts import LayoutError
-from validators.result import CheckResult, Verdict
+from opgate.ops.base import SampleInput
+from opgate.validators.checks.base import Check, describe_exception
+from opgate.validators.checks.context import CellContext, call
+from opgate.validators.layouts import LayoutError
+from opgate.validators.result import CheckResult, Verdict
 
 NAME = "gradcheck"
 #: The float64 forward must match the oracle this closely (relative, normwise) to count as float64 support.

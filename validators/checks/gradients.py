@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ops.base import SampleInput
-from validators.checks.base import Check
-from validators.checks.context import CellContext, call, upcast, with_grad
-from validators.checks.correctness import summarize
-from validators.result import CheckResult
-from validators.tolerance import Comparison, compare_tensor
+from opgate.ops.base import SampleInput
+from opgate.validators.checks.base import Check
+from opgate.validators.checks.context import CellContext, call, upcast, with_grad
+from opgate.validators.checks.correctness import summarize
+from opgate.validators.result import CheckResult
+from opgate.validators.tolerance import Comparison, compare_tensor
 
 NAME = "gradients"
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from validators.checks.artifacts import ArtifactError
-from validators.checks.base import Check, describe_exception
-from validators.checks.context import CellContext, call, upcast
-from validators.result import CheckResult, Verdict
-from validators.tolerance import compare
+from opgate.validators.checks.artifacts import ArtifactError
+from opgate.validators.checks.base import Check, describe_exception
+from opgate.validators.checks.context import CellContext, call, upcast
+from opgate.validators.result import CheckResult, Verdict
+from opgate.validators.tolerance import compare
 
 NAME = "limits"
 

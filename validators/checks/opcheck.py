@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from validators.checks.base import Check, describe_exception
-from validators.checks.context import CellContext, with_grad
-from validators.result import CheckResult, Verdict
+from opgate.validators.checks.base import Check, describe_exception
+from opgate.validators.checks.context import CellContext, with_grad
+from opgate.validators.result import CheckResult, Verdict
 
 SUBTESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 

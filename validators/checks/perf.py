@@ -32,12 +32,12 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from validators.checks.base import Check, describe_exception
-from validators.checks.context import CellContext
-from validators.result import CheckResult, Verdict
+from opgate.validators.checks.base import Check, describe_exception
+from opgate.validators.checks.context import CellContext
+from opgate.validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
-    from validators.perf.timing import Timing
+    from opgate.validators.perf.timing import Timing
 
 NAME = "perf"
 MODES = ("eager", "compile")
@@ -74,7 +74,7 @@ def _callables(ctx: CellContext) -> tuple[Any, Any, str]:
     """(op artifact, baseline callable taking a SampleInput, baseline name) for the cell's mode."""
     import torch
 
-    from validators.checks.artifacts import Artifact, Compiled
+    from opgate.validators.checks.artifacts import Artifact, Compiled
 
     op: Artifact
     if ctx.mode == "compile":
@@ -96,7 +96,7 @@ def time_shape(ctx: CellContext, shape: tuple[int, ...], op: Any, baseline: Any)
     """Interleaved op/baseline timing of one shape, over rotated input copies where they fit in L2."""
     import torch
 
-    from validators.perf.timing import CHECK_TIMING, Rotating, rotation_count, time_interleaved
+    from opgate.validators.perf.timing import CHECK_TIMING, Rotating, rotation_count, time_interleaved
 
     first = ctx.inputs(shapes=[shape])[0]
     l2 = int(getattr(torch.cuda.get_device_properties(torch.device(ctx.device)), "L2_cache_size", 0))
@@ -170,8 +170,8 @@ def run(ctx: CellContext) -> CheckResult:
         return CheckResult(NAME, Verdict.SKIP, reason)
     import torch
 
-    from validators.perf import ceilings as ceil_mod
-    from validators.perf.timing import gpu_selector, read_clocks
+    from opgate.validators.perf import ceilings as ceil_mod
+    from opgate.validators.perf.timing import gpu_selector, read_clocks
 
     index = torch.device(ctx.device).index or 0
     selector = gpu_selector(index)
@@ -195,7 +195,7 @@ def run(ctx: CellContext) -> CheckResult:
 def _time_shapes(ctx: CellContext, ceilings: Mapping[str, float]) -> tuple[list[dict[str, Any]], list[str]]:
     import torch
 
-    from validators.perf.cost import CostError, shape_cost
+    from opgate.validators.perf.cost import CostError, shape_cost
 
     op, baseline, base_name = _callables(ctx)
     itemsize = torch.empty((), dtype=ctx.dtype).element_size()

@@ -22,9 +22,9 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from validators.checks.base import Check
-from validators.checks.context import CellContext
-from validators.result import CheckResult, Verdict
+from opgate.validators.checks.base import Check
+from opgate.validators.checks.context import CellContext
+from opgate.validators.result import CheckResult, Verdict
 
 NAME = "sass"
 
@@ -50,7 +50,7 @@ def judge(report: dict[str, Any]) -> CheckResult:
 
 
 def run(ctx: CellContext) -> CheckResult:
-    from validators.binaries import gpu_sass_report
+    from opgate.validators.binaries import gpu_sass_report
 
     module = importlib.import_module(ctx.impl.module or ctx.impl.entry.split(":")[0])
     built = getattr(module, "BUILT", None)

@@ -1,12 +1,12 @@
 """Child process of the build check: cross-compile one implementation's Triton kernels for one arch.
 
-Run as ``python -m validators.checks.triton_build '<json request>'`` with
+Run as ``opgate.checks.triton_build '<json request>'`` with
 ``TRITON_INTERPRET`` unset (under the interpreter ``@triton.jit`` yields no
 compilable kernels).  Prints one JSON line: per (kernel, dtype) the cubin path
 and compile time, or the error.
 
 Kernels are the module-level ``JITFunction`` objects of the implementation
-module and of the modules it holds as attributes (``from ops.x import
+module and of the modules it holds as attributes (``from opgate.ops.x import
 triton_kernels as K``).  A jit function called by another one is a helper,
 not a kernel.  Each kernel needs a build signature — from the spec's
 ``build_signatures`` when the spec format has it, else from a module-level
@@ -54,7 +54,7 @@ def discover(module_name: str) -> tuple[dict[str, Any], list[types.ModuleType]]:
     """Module-level jit functions of ``module_name`` and of the modules of its package it reaches.
 
     The implementation module usually imports a launcher or a kernels module
-    (``from ops.rms_norm import triton_kernels as K``, ``from ops.rms_norm.launch
+    (``from opgate.ops.rms_norm import triton_kernels as K``, ``from opgate.ops.rms_norm.launch
     import rms_forward``): modules, and modules of imported functions, under the
     same package are followed.  Shared helpers outside the package are not kernels.
     """

@@ -11,5 +11,5 @@ Modules:
 * :mod:`~validators.perf.bench`     the opgate-wide benchmark table against peers
 
 The per-cell check is :mod:`validators.checks.perf`; the command line is
-``python -m validators.perf {bench,study,block}``.
+``opgate perf {bench,study,block}``.
 """

@@ -1,4 +1,4 @@
-"""``python -m validators.perf {bench,study,block} --out DIR``: GPU performance commands.
+"""``opgate perf {bench,study,block} --out DIR``: GPU performance commands.
 
 Each writes ``DIR/<command>.json`` and ``DIR/<command>.md``.  On a machine
 without a CUDA device each stops at once with a one-line message (exit code 2);
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from matrix.errors import OpgateError, UsageError
+from opgate.matrix.errors import OpgateError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +52,7 @@ def _positive(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m validators.perf", description=__doc__.splitlines()[0] if __doc__ else None)
+    ap = _Parser(prog="opgate perf", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     bench = sub.add_parser("bench", help="opgate ops vs aten / compile / Liger, forward and backward")
     bench.add_argument(
@@ -88,8 +88,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "bench":
-        from ops.spec import load_specs
-        from validators.perf.bench import plan, run_bench
+        from opgate.ops.spec import load_specs
+        from opgate.validators.perf.bench import plan, run_bench
 
         try:
             cases = plan(load_specs(), args.ops, args.shape, args.dtypes, args.directions)
@@ -102,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"bench: {len(data['cases'])} cases in {data['wall_s']} s -> {args.out}/bench.md")
         return 0
     if args.command == "study":
-        from validators.perf.study import StudyConfig, run_study
+        from opgate.validators.perf.study import StudyConfig, run_study
 
         config = StudyConfig(
             op=args.op, impl=args.impl, dtype=args.dtype, shapes=tuple(args.shape) or ((8192, 8192),),
@@ -111,8 +111,8 @@ def _run(args: argparse.Namespace) -> int:
         data = run_study(config, args.out)
         print((args.out / "study.md").read_text())
         return 0 if data["meets_bar"] else 1
-    from validators.perf.block import BlockConfig
-    from validators.perf.block_run import run_block
+    from opgate.validators.perf.block import BlockConfig
+    from opgate.validators.perf.block_run import run_block
 
     cfg = BlockConfig(
         hidden=args.hidden, heads=args.heads, seq=args.seq, batch=args.batch, ffn=args.ffn,
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(err.message(), file=sys.stderr)
         return err.exit_code
     except ValueError as exc:  # bad config values (e.g. heads that do not divide hidden)
-        print(f"python -m validators.perf: {exc}", file=sys.stderr)
+        print(f"opgate perf: {exc}", file=sys.stderr)
         return UsageError.exit_code
 
 

@@ -1,4 +1,4 @@
-"""``python -m validators.perf bench``: opgate's ops against their peers, the published table.
+"""``opgate perf bench``: opgate's ops against their peers, the published table.
 
 Per first-party op (an op with a ``triton`` or ``cuda`` implementation),
 forward and backward, at 8x4096, 4096x4096 and 32768x8192 in bf16 (fp16 and
@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from validators.perf.timing import TimingConfig
+from opgate.validators.perf.timing import TimingConfig
 
 if TYPE_CHECKING:
-    from ops.spec import OpSpec
+    from opgate.ops.spec import OpSpec
 
 BENCH_SHAPES_2D: tuple[tuple[int, ...], ...] = ((8, 4096), (4096, 4096), (32768, 8192))
 EXTRA_DTYPES_AT_LARGEST = ("fp16", "fp32")
@@ -91,7 +91,7 @@ def opgate_impls(spec: OpSpec) -> tuple[dict[str, Any], dict[str, str]]:
     """({"opgate-<impl>": entry}, {name: why unavailable}) for the spec's triton/cuda implementations."""
     import importlib
 
-    from ops.spec import resolve
+    from opgate.ops.spec import resolve
 
     found: dict[str, Any] = {}
     missing: dict[str, str] = {}
@@ -113,7 +113,7 @@ def _callable(peer: Any, samples: Sequence[Any], direction: str) -> Any:
     import torch
     from torch.utils import _pytree as pytree
 
-    from validators.perf.timing import Rotating
+    from opgate.validators.perf.timing import Rotating
 
     if direction == "forward":
         fn = Rotating(lambda s: peer(*s.args, **s.kwargs), [((s,), {}) for s in samples])
@@ -159,10 +159,10 @@ def run_case(
     """Time every peer of one case interleaved; peers that raise are recorded, not timed."""
     import torch
 
-    from ops.base import DTYPES
-    from validators.perf.cost import CostError, shape_cost
-    from validators.perf.peers import op_bench_bytes
-    from validators.perf.timing import time_interleaved
+    from opgate.ops.base import DTYPES
+    from opgate.validators.perf.cost import CostError, shape_cost
+    from opgate.validators.perf.peers import op_bench_bytes
+    from opgate.validators.perf.timing import time_interleaved
 
     fns, errors = {}, {}
     for name, peer in peers.items():
@@ -215,15 +215,15 @@ def run_bench(
     """
     import torch
 
-    from ops.base import DTYPES
-    from ops.spec import load_specs, resolve
-    from validators.perf import ceilings
-    from validators.perf.peers import drop_duplicates, peers_for, unavailable
-    from validators.perf.report import require_cuda, run_info, write_outputs
-    from validators.perf.timing import rotation_count
+    from opgate.ops.base import DTYPES
+    from opgate.ops.spec import load_specs, resolve
+    from opgate.validators.perf import ceilings
+    from opgate.validators.perf.peers import drop_duplicates, peers_for, unavailable
+    from opgate.validators.perf.report import require_cuda, run_info, write_outputs
+    from opgate.validators.perf.timing import rotation_count
 
     if device.startswith("cuda"):
-        require_cuda("python -m validators.perf bench")
+        require_cuda("opgate perf bench")
     t0 = time.perf_counter()
     specs = load_specs()
     info, ceil = run_info(), ceilings.get(0)
@@ -265,7 +265,7 @@ def run_bench(
         "info": info, "ceilings": ceil.to_json(), "timing": asdict(BENCH_TIMING),
         "cases": records, "unavailable": missing, "wall_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
-    from validators.perf.bench_md import markdown
+    from opgate.validators.perf.bench_md import markdown
 
     write_outputs(out, "bench", data, markdown(data))
     return data

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from validators.perf.report import header, table
+from opgate.validators.perf.report import header, table
 
 OPGATE_PREFIX = "opgate-"
 

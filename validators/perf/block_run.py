@@ -1,4 +1,4 @@
-"""``python -m validators.perf block``: the decoder block's parity and step times, on the GPU.
+"""``opgate perf block``: the decoder block's parity and step times, on the GPU.
 
 Times, all interleaved within their group so drift hits every variant alike:
 
@@ -19,9 +19,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from validators.perf.block import BLOCK_OPS, BlockConfig, Ops, build, inputs, opgate_ops, relerr, torch_ops
-from validators.perf.block_md import render_md
-from validators.perf.timing import TimingConfig
+from opgate.validators.perf.block import (
+    BLOCK_OPS,
+    BlockConfig,
+    Ops,
+    build,
+    inputs,
+    opgate_ops,
+    relerr,
+    torch_ops,
+)
+from opgate.validators.perf.block_md import render_md
+from opgate.validators.perf.timing import TimingConfig
 
 MODES = ("eager", "compile")
 BLOCK_TIMING = TimingConfig()
@@ -55,7 +64,7 @@ def _alone(
     """Each op alone: opgate, stock eager, stock compiled, interleaved (forward, no grad)."""
     import torch
 
-    from validators.perf.timing import time_interleaved
+    from opgate.validators.perf.timing import time_interleaved
 
     out: dict[str, Any] = {}
     with torch.no_grad():
@@ -95,12 +104,12 @@ def run_block(
     """Parity, block times and op-alone times; writes ``out/block.json`` and ``out/block.md``."""
     import torch
 
-    from ops.base import DTYPES
-    from validators.perf.report import require_cuda, run_info, write_outputs
-    from validators.perf.timing import time_interleaved
+    from opgate.ops.base import DTYPES
+    from opgate.validators.perf.report import require_cuda, run_info, write_outputs
+    from opgate.validators.perf.timing import time_interleaved
 
     if device.startswith("cuda"):
-        require_cuda("python -m validators.perf block")
+        require_cuda("opgate perf block")
     t0 = time.perf_counter()
     dtype, dev = DTYPES[cfg.dtype], torch.device(device)
     variants = {"opgate": opgate_ops(), "torch": torch_ops()}

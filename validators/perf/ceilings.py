@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from validators.perf.timing import TimingConfig, time_one
+from opgate.validators.perf.timing import TimingConfig, time_one
 
 COPY_BYTES = 2**30
 GEMM_SIZE = 8192

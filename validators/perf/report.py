@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from matrix.errors import UsageError
+from opgate.matrix.errors import UsageError
 
 
 class GpuRequiredError(UsageError):
@@ -45,7 +45,7 @@ def run_info(device_index: int = 0) -> dict[str, Any]:
     """Device, versions, clocks and time of a perf run (call on the GPU machine)."""
     import torch
 
-    from validators.perf.timing import gpu_selector, read_clocks
+    from opgate.validators.perf.timing import gpu_selector, read_clocks
 
     props = torch.cuda.get_device_properties(device_index)
     return {

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from validators.perf.stats import judge, median
-from validators.perf.timing import TimingConfig
+from opgate.validators.perf.stats import judge, median
+from opgate.validators.perf.timing import TimingConfig
 
 UNCHANGED_KINDS = ("history", "aa")
 #: The separate unchanged-vs-planted measurement: many repetitions, so its median is tight.
@@ -130,7 +130,7 @@ def _fns(config: StudyConfig) -> tuple[Any, Any, Any, dict[str, str]]:
     """(op, reference, sample_fn, cost) of the configured op/implementation, via its spec."""
     import importlib
 
-    from ops.spec import load_specs, resolve
+    from opgate.ops.spec import load_specs, resolve
 
     specs = load_specs()
     if config.op not in specs:
@@ -150,7 +150,7 @@ def _fns(config: StudyConfig) -> tuple[Any, Any, Any, dict[str, str]]:
 
 def _slowdown_timing(op: Any, planted: Any, s: Any, device: str) -> dict[str, Any]:
     """Unchanged vs planted, interleaved with many repetitions: the real size of the slowdown."""
-    from validators.perf.timing import time_interleaved
+    from opgate.validators.perf.timing import time_interleaved
 
     return time_interleaved(
         {"unchanged": lambda: op(*s.args, **s.kwargs), "planted": lambda: planted(*s.args, **s.kwargs)},
@@ -161,7 +161,7 @@ def _slowdown_timing(op: Any, planted: Any, s: Any, device: str) -> dict[str, An
 
 def _session(fn: Any, ref: Any, s: Any, device: str) -> dict[str, Any]:
     """One nightly-like timing: the op interleaved with its reference, as the perf check does it."""
-    from validators.perf.timing import CHECK_TIMING, time_interleaved
+    from opgate.validators.perf.timing import CHECK_TIMING, time_interleaved
 
     return time_interleaved(
         {"op": lambda: fn(*s.args, **s.kwargs), "baseline": lambda: ref(*s.args, **s.kwargs)},
@@ -173,10 +173,10 @@ def _session(fn: Any, ref: Any, s: Any, device: str) -> dict[str, Any]:
 def _measure_shape(config: StudyConfig, shape: tuple[int, ...], fns: tuple[Any, ...]) -> dict[str, Any]:
     import torch
 
-    from ops.base import DTYPES
-    from validators.perf.cost import shape_cost
-    from validators.perf.planted import Planted, extra_elements
-    from validators.perf.timing import gpu_selector, read_clocks
+    from opgate.ops.base import DTYPES
+    from opgate.validators.perf.cost import shape_cost
+    from opgate.validators.perf.planted import Planted, extra_elements
+    from opgate.validators.perf.timing import gpu_selector, read_clocks
 
     op, ref, sample_fn, cost = fns
     dtype = DTYPES[config.dtype]
@@ -217,10 +217,10 @@ def _measure_shape(config: StudyConfig, shape: tuple[int, ...], fns: tuple[Any, 
 
 def run_study(config: StudyConfig, out: Path) -> dict[str, Any]:
     """Run the study on the GPU and write ``out/study.json`` and ``out/study.md``."""
-    from validators.perf.report import require_cuda, run_info, write_outputs
+    from opgate.validators.perf.report import require_cuda, run_info, write_outputs
 
     if config.device.startswith("cuda"):
-        require_cuda("python -m validators.perf study")
+        require_cuda("opgate perf study")
     t0 = time.perf_counter()
     fns = _fns(config)
     info = run_info()
@@ -237,7 +237,7 @@ def run_study(config: StudyConfig, out: Path) -> dict[str, Any]:
 
 
 def markdown(data: dict[str, Any]) -> list[str]:
-    from validators.perf.report import header, table
+    from opgate.validators.perf.report import header, table
 
     cfg = data["config"]
     lines = header(f"Perf verdict quality: {cfg['op']}.{cfg['impl']} {cfg['dtype']}", data["info"])

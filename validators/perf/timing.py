@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from validators.perf.stats import iqr, median
+from opgate.validators.perf.stats import iqr, median
 
 #: Bytes overwritten before each repetition (well above any current GPU's L2).
 L2_FLUSH_BYTES = 256 * 2**20

@@ -2,8 +2,8 @@
 
 Run on a CUDA machine from the repository root::
 
-    python -m ops.rms_norm.cuda.selftest            # correctness + timing table
-    python -m ops.rms_norm.cuda.selftest --quick    # correctness only
+    python -m opgate.ops.rms_norm.cuda.selftest            # correctness + timing table
+    python -m opgate.ops.rms_norm.cuda.selftest --quick    # correctness only
 
 Correctness: forward and backward vs the op's reference in float64, over
 contiguous, transposed, strided (row-sliced), offset and misaligned inputs.
@@ -94,8 +94,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="correctness only")
     args = parser.parse_args()
-    from ops.rms_norm import cuda_impl as rms
-    from ops.silu_mul import cuda_impl as swi
+    from opgate.ops.rms_norm import cuda_impl as rms
+    from opgate.ops.silu_mul import cuda_impl as swi
 
     print(
         f"torch {torch.__version__}, {torch.cuda.get_device_name()}, cc {torch.cuda.get_device_capability()}"

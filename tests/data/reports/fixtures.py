@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from matrix.cell import Cell
-from reports import compat, diff
-from reports.publish import publish
-from validators.env import env_key
-from validators.result import CellResult, CheckResult, RunResults, Verdict
+from opgate.matrix.cell import Cell
+from opgate.reports import compat, diff
+from opgate.reports.publish import publish
+from opgate.validators.env import env_key
+from opgate.validators.result import CellResult, CheckResult, RunResults, Verdict
 
 
 def _fp(**fields: Any) -> dict[str, Any]:
@@ -60,7 +60,7 @@ COPY_GBPS = 4274.0
 
 def repro(cell_id: str, seed: int | None) -> str:
     seed_part = f" --seed {seed}" if seed is not None else ""
-    return f"python -m validators run --select '{cell_id}'{seed_part} --out /tmp/opgate-repro"
+    return f"opgate run --select '{cell_id}'{seed_part} --out /tmp/opgate-repro"
 
 
 def _checks(cell: Cell, verdict: Verdict, reason: str) -> tuple[list[CheckResult], list[str]]:

@@ -1,0 +1,70 @@
+"""``opgate COMMAND ...``: the one console command, dispatching to each stage's own CLI.
+
+It lives in the last stage because only the last stage may import every
+other one (matrix -> validators -> reports).  Each stage keeps its own parser
+and ``main``, which is what ``python -m opgate.<stage>`` runs too; this table
+only says which stage owns which subcommand, and each stage is imported only
+when its command runs (``opgate list`` never imports the validators, let
+alone torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+#: subcommand -> (module whose ``main(argv)`` runs it, one-line help).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "list": ("opgate.matrix.__main__", "print the matrix's cell ids (never imports torch)"),
+    "plan": ("opgate.matrix.__main__", "shard the cells for CI"),
+    "run": ("opgate.validators.__main__", "validate the cells this machine can run"),
+    "collect": ("opgate.validators.__main__", "assemble results.json from an interrupted run's cells"),
+    "breakdown": ("opgate.validators.__main__", "where a finished run's wall time went"),
+    "perf": ("opgate.validators.perf.__main__", "GPU benchmarks: bench, study, block"),
+    "publish": ("opgate.reports.__main__", "merge results into compat.json, compat.md, index.html"),
+    "bench": ("opgate.reports.__main__", "render committed benchmark results as Markdown"),
+    "inventory": ("opgate.reports.__main__", "one row per op: coverage, bound, roofline, fused"),
+    "diff": ("opgate.reports.__main__", "what changed between two compat.json files"),
+    "alert": ("opgate.reports.__main__", "post a diff's regressions to chat platforms"),
+}
+#: ``opgate perf bench`` is ``python -m opgate.validators.perf bench``: the word names the module.
+_STRIPPED = frozenset({"perf"})
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items())
+    return (
+        "usage: opgate COMMAND [ARGS...]\n\n"
+        "Validate PyTorch custom ops across a compatibility matrix.\n\n"
+        f"commands:\n{rows}\n\n"
+        "`opgate COMMAND --help` describes each. Exit codes: 0 ok, 1 a cell is bad, 2 usage,\n"
+        "3 config or spec error, 4 selection empty, 5 merge conflict, 6 planned shard missing,\n"
+        "7 unreadable results, 8 alert not delivered, 130 interrupted.\n"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(_usage())
+        return 0 if args else 2
+    if args[0] == "--version":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            sys.stdout.write(f"opgate {version('opgate')}\n")
+        except PackageNotFoundError:
+            sys.stdout.write("opgate (not installed)\n")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        sys.stderr.write(f"opgate: unknown command {name!r}\n\n{_usage()}")
+        return 2
+    stage_main: Callable[[Sequence[str]], int] = importlib.import_module(COMMANDS[name][0]).main
+    return stage_main(rest if name in _STRIPPED else [name, *rest])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
