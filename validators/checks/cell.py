@@ -61,9 +61,9 @@ def checks_for(mode: str) -> list[Check]:
         if name in skipped_checks():
             continue
         try:
-            module = importlib.import_module(f"validators.checks.{name}")
+            module = importlib.import_module(f"opgate.validators.checks.{name}")
         except ModuleNotFoundError as exc:
-            if name in OPTIONAL_CHECKS and exc.name == f"validators.checks.{name}":
+            if name in OPTIONAL_CHECKS and exc.name == f"opgate.validators.checks.{name}":
                 continue
             raise
         found.extend(module.CHECKS)

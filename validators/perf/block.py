@@ -114,7 +114,7 @@ def opgate_ops(impl: str = "triton") -> Ops:
             importlib.import_module(entry.module)
             found[op] = resolve(entry.entry, spec.root)
         else:
-            found[op] = resolve(f"ops.{op}.{impl}_impl:{op}")
+            found[op] = resolve(f"opgate.ops.{op}.{impl}_impl:{op}")
     return Ops(f"opgate-{impl}", **found)
 
 

@@ -134,7 +134,7 @@ def liger_peer(op: str) -> Peer | None:
 
 def _bench_module(op: str) -> Any:
     try:
-        return importlib.import_module(f"ops.{op}.bench")
+        return importlib.import_module(f"opgate.ops.{op}.bench")
     except ImportError:
         return None
 
