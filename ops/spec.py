@@ -246,8 +246,10 @@ def _binaries_checks(name: str, raw: dict[str, Any], line: Any, problems: Proble
             f"implementations.{name}.modes: build of an external implementation needs binaries",
             "name them: binaries: {files: ['pkg/lib*.so']}, {loaded: true} or {triton: true}",
         )
-    if isinstance(binaries, dict) and binaries.get("files") and not (
-        binaries.get("distribution") or raw.get("requires")
+    if (
+        isinstance(binaries, dict)
+        and binaries.get("files")
+        and not (binaries.get("distribution") or raw.get("requires"))
     ):
         problems.add(
             line("binaries"),

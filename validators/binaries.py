@@ -26,6 +26,7 @@ launched, so they are never "a kernel without SASS".
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 import shutil
 import subprocess
@@ -197,6 +198,20 @@ def kernels_by_arch(path: Path, cuobjdump: Path | None = None) -> dict[str, list
     return parse_resource_usage(out)
 
 
+_PTX_ENTRY_RE = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$.]+)", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=32)
+def _ptx_kernels(path: Path, mtime_ns: int, tool: Path) -> tuple[str, ...]:
+    out = _run(tool, "--dump-ptx", path)
+    return tuple(dict.fromkeys(_PTX_ENTRY_RE.findall(out)))
+
+
+def ptx_kernels(path: Path, cuobjdump: Path | None = None) -> list[str]:
+    """Kernel (``.entry``) names in the PTX of ``path``: what a PTX-only build can still JIT."""
+    return list(_ptx_kernels(path, path.stat().st_mtime_ns, cuobjdump or cuobjdump_path()))
+
+
 def demangle(names: Sequence[str]) -> dict[str, str]:
     """Mangled -> demangled C++ names (``c++filt``, as the profiler shows them); identity without it."""
     tool = shutil.which("c++filt")
@@ -242,6 +257,8 @@ def gpu_sass_report(
     by_arch = kernels_by_arch(binary) if found.has_device_code else {}
     native = {k for a, ks in by_arch.items() if sass_runs_on(a, capability) for k in ks}
     every = sorted({k for ks in by_arch.values() for k in ks})
+    if found.ptx and not every:  # a PTX-only build: its kernels are named in the PTX alone
+        every = sorted(set(ptx_kernels(binary)))
     readable = demangle(every) if kernels else {}
     judged = matching(every, kernels, readable) if kernels else []
     judged = judged or every

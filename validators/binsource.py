@@ -100,7 +100,7 @@ def _package_dirs(binaries: Mapping[str, Any], module: str) -> list[Path]:
             dirs += [root / t for t in sorted(tops) if not t.endswith((".dist-info", ".data"))]
         except importlib.metadata.PackageNotFoundError:
             pass
-    spec = importlib.util.find_spec(module.split(".")[0]) if module else None
+    spec = importlib.util.find_spec(module.split(".", maxsplit=1)[0]) if module else None
     if spec is not None and spec.submodule_search_locations:
         dirs += [Path(p).resolve() for p in spec.submodule_search_locations]
     return dirs

@@ -20,7 +20,6 @@ CPU-only torch.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import subprocess
@@ -52,7 +51,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     return run_build_cell(cell, spec, workdir)
 
 
-def run_build_cell(cell: Cell, spec: OpSpec, workdir: Path) -> CellOutcome:
+def run_build_cell(cell: Cell, spec: OpSpec, workdir: Path) -> CellOutcome:  # noqa: PLR0911
     start = time.monotonic()
     impl = spec.implementations[cell.impl]
     if cell.arch == "cpu":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 from bitsandbytes import functional as bnbf
-
 from nf4_reference import BLOCKSIZE
 
 

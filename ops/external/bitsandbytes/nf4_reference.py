@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from opgate.ops.base import SampleInput, randn
+from opgate.ops.base import SampleInput
 
 #: Elements per absmax block (bitsandbytes' default for 4-bit weights).
 BLOCKSIZE = 64
