@@ -27,9 +27,7 @@ def slim(wheel: Path, outdir: Path, keep: list[str]) -> Path:
     out = outdir / wheel.name
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
         names = src.namelist()
-        dropped = {
-            n for n in names if n.endswith(".so") and not any(fnmatch.fnmatchcase(n, g) for g in keep)
-        }
+        dropped = {n for n in names if n.endswith(".so") and not any(fnmatch.fnmatchcase(n, g) for g in keep)}
         for name in names:
             if name in dropped:
                 continue
