@@ -9,6 +9,7 @@ never depend on the machine:
     matrix(torch=2.14.1)      same, CUDA 13 build of torch (runs on CPU where there is no GPU)
     matrix(torch=installed)   the Python that started nox, as it is (GPU boxes, no network)
     liger                     the liger-kernel op specs (``-- --ops-path DIR`` to point elsewhere)
+    bitsandbytes              the bitsandbytes op specs (CPU path + arch audit of its CUDA .so files)
 
 What *does* depend on the machine is which of them ``nox -s matrix`` means:
 the pinned torch versions on a machine that can install them, ``installed`` on
@@ -104,6 +105,9 @@ INSTALLED_PYTHON = os.environ.get("OPGATE_PYTHON") or sys.executable
 LIGER_SPECS = Path("ops/external/liger")
 #: liger specs name their ops ``liger_*`` (e.g. ``liger_rms_norm``).
 LIGER_SELECT = "liger_*"
+#: The bitsandbytes specs (a prebuilt CUDA C++ library from PyPI), ops named ``bnb_*``.
+BNB_SPECS = Path("ops/external/bitsandbytes")
+BNB_SELECT = "bnb_*"
 
 
 def torch_version(python: str) -> str | None:
@@ -292,18 +296,29 @@ def lint(session: nox.Session) -> None:
     session.run("actionlint", "-config-file", ".github/actionlint.yaml")
 
 
+def _external(session: nox.Session, distribution: str, specs: Path, select: str, run: str) -> None:
+    """One third-party library's ops validated from its specs alone (no opgate code in between)."""
+    install_torch_env(session, TEST_TORCH)
+    session.install(distribution)
+    args = list(session.posargs)
+    if "--ops-path" not in args:
+        if not specs.is_dir():
+            session.error(f"no {distribution} specs at {specs}/: pass `-- --ops-path DIR`")
+        args += ["--ops-path", str(specs)]
+    if "--select" not in args:
+        # --ops-path adds specs beside the first-party ones: keep the run to the library's.
+        args += ["--select", select]
+    session.run("python", "-m", "opgate.validators", "run", "--out", str(RUNS / run), *args)
+
+
 @nox.session(reuse_venv=True, default=False)
 def liger(session: nox.Session) -> None:
     """liger-kernel's ops validated from specs alone (no opgate code in between)."""
-    install_torch_env(session, TEST_TORCH)
-    session.install("liger-kernel")
-    args = list(session.posargs)
-    if "--ops-path" not in args:
-        if not LIGER_SPECS.is_dir():
-            session.error(f"no liger specs at {LIGER_SPECS}/: pass `-- --ops-path DIR`")
-        args += ["--ops-path", str(LIGER_SPECS)]
-    if "--select" not in args:
-        # --ops-path adds specs beside the first-party ones: keep the run to liger's.
-        args += ["--select", LIGER_SELECT]
-    session.run("python", "-m", "opgate.validators", "run", "--out", str(RUNS / "liger"), *args)
+    _external(session, "liger-kernel", LIGER_SPECS, LIGER_SELECT, "liger")
+
+
+@nox.session(reuse_venv=True, default=False)
+def bitsandbytes(session: nox.Session) -> None:
+    """bitsandbytes' NF4 ops from specs alone: its CPU path, and the arch audit of its CUDA .so files."""
+    _external(session, "bitsandbytes", BNB_SPECS, BNB_SELECT, "bitsandbytes")
     publish_all_runs(session, "python")

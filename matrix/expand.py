@@ -15,7 +15,8 @@ Rules, in order:
 * arch ``cpu`` has cuda ``none``; each GPU arch gets one cell per cuda version;
 * dtype / layout / mode: config values the implementation claims
   (implementation lists narrow the op's); ``cudagraphs`` and ``build`` only on
-  GPU arches; ``build`` only for kinds triton/cuda, once per
+  GPU arches; ``build`` only for kinds triton/cuda and external implementations
+  whose spec names ``binaries``, once per
   op/impl/torch/cuda/arch with dtype and layout ``all``;
 * shapes: config shape sets the op defines (a set no selected op defines is an error);
 * cells the spec declares unsupported are kept: validators check the declared refusal;
@@ -90,7 +91,7 @@ def _impl_cells(config: MatrixConfig, spec: OpSpec, impl: ImplSpec, torches: Seq
                     if mode != "build" and arch != "cpu" and cuda not in config.cuda:
                         continue  # a build_cuda version: binary evidence only
                     if mode == "build":
-                        if impl.kind in BUILD_KINDS:
+                        if impl.kind in BUILD_KINDS or impl.audits_binaries:
                             cells.append(Cell(*at, NOT_APPLICABLE["dtype"], NOT_APPLICABLE["layout"], mode))
                         continue
                     cells += [

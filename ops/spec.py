@@ -9,6 +9,7 @@ matrix config, so every mistake is reported as ``file:line`` with a hint.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import importlib
 import re
@@ -76,6 +77,14 @@ class ImplSpec:
     tolerance: Tolerance
     copies_allowed: int
     mode_evidence: dict[str, dict[str, Evidence]]
+    #: an external implementation's binaries (``files``, ``distribution``, ``loaded``, ``triton``)
+    binaries: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def audits_binaries(self) -> bool:
+        """An external implementation whose spec names binaries has ``build`` cells."""
+        b = self.binaries
+        return bool(b.get("files") or b.get("loaded") or b.get("triton"))
 
     def evidence_for(self, device_kind: str, mode: str) -> Evidence:
         """Evidence for a device kind in a mode: a mode's own rule, field by field over the default."""
@@ -161,7 +170,16 @@ def _impl(name: str, raw: dict[str, Any], op: dict[str, Any], spec_dir: Path) ->
         tolerance=Tolerance(k=tol["k"], atol_floor=tol["atol_floor"]),
         copies_allowed=int(raw.get("copies_allowed", op.get("copies_allowed", 0))),
         mode_evidence=modes,
+        binaries=_binaries(raw),
     )
+
+
+def _binaries(raw: dict[str, Any]) -> dict[str, Any]:
+    """The ``binaries`` key with its default: files belong to the first required distribution."""
+    found = dict(raw.get("binaries") or {})
+    if found.get("files") and "distribution" not in found and raw.get("requires"):
+        found["distribution"] = raw["requires"][0]
+    return found
 
 
 def _impl_checks(
@@ -197,8 +215,7 @@ def _impl_checks(
                     f"implementations.{name}.{axis}: {', '.join(extra)} not claimed by the op",
                     f"an implementation narrows the op's {axis}; add them to the op-level list",
                 )
-    if kind == "external" and isinstance(raw.get("modes"), list) and "build" in raw["modes"]:
-        problems.add(line("modes"), f"implementations.{name}.modes: build needs kind triton or cuda")
+    _binaries_checks(name, raw, line, problems)
     ev = raw.get("evidence")
     if valid(ev) and isinstance(ev, dict):
         rules = [ev.get(dk) or {} for dk in DEVICE_KINDS] + [
@@ -210,6 +227,35 @@ def _impl_checks(
                 f"implementations.{name}.evidence: no expect pattern",
                 "the fallback check needs the op event (cpu) or kernel name (cuda) that proves it ran",
             )
+
+
+def _binaries_checks(name: str, raw: dict[str, Any], line: Any, problems: Problems) -> None:
+    """``binaries`` belongs to external implementations, and an external ``build`` needs it."""
+    kind, binaries = raw.get("kind"), raw.get("binaries")
+    names = isinstance(binaries, dict) and any(binaries.get(k) for k in ("files", "loaded", "triton"))
+    if binaries is not None and kind != "external" and valid(binaries):
+        problems.add(
+            line("binaries"),
+            f"implementations.{name}.binaries: only kind external names its binaries",
+            "kind cuda builds its sources and kind triton cross-compiles its kernels for build cells",
+        )
+    modes = raw.get("modes")
+    if kind == "external" and isinstance(modes, list) and "build" in modes and not names:
+        problems.add(
+            line("modes"),
+            f"implementations.{name}.modes: build of an external implementation needs binaries",
+            "name them: binaries: {files: ['pkg/lib*.so']}, {loaded: true} or {triton: true}",
+        )
+    if (
+        isinstance(binaries, dict)
+        and binaries.get("files")
+        and not (binaries.get("distribution") or raw.get("requires"))
+    ):
+        problems.add(
+            line("binaries"),
+            f"implementations.{name}.binaries: files need a distribution to be relative to",
+            "add distribution: NAME, or list it under requires",
+        )
 
 
 def load_spec(path: Path, root: Path | None) -> OpSpec:

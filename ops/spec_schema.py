@@ -21,6 +21,9 @@ DEVICE_KINDS = ("cpu", "cuda")
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
 REF_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
 REF_HINT = "write module:attribute, e.g. my_ops.rms_norm.reference:rms_norm"
+DIST_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+#: A relative path glob inside a distribution; ``{cuda_major}``/``{cuda_minor}`` name the cell's CUDA.
+FILE_GLOB = r"[^/\s][^\s]*"
 
 
 def check_expr(text: str) -> str | None:
@@ -59,7 +62,16 @@ IMPL_SCHEMA = Record(
         "arch_policy": Record(
             "arch policy", {"sass": ListOf(Enum(ARCHES[1:], "GPU arch"), unique=True), "ptx": Bool()}
         ),
-        "requires": ListOf(Str("a distribution name", r"[A-Za-z0-9][A-Za-z0-9._-]*")),
+        "requires": ListOf(Str("a distribution name", DIST_PATTERN)),
+        "binaries": Record(
+            "binaries",
+            {
+                "files": ListOf(Str("a glob relative to the installed distribution", FILE_GLOB), min_len=1),
+                "distribution": Str("a distribution name", DIST_PATTERN),
+                "loaded": Bool(),
+                "triton": Bool(),
+            },
+        ),
         "dtypes": ListOf(Enum(DTYPES, "dtype"), min_len=1, unique=True),
         "layouts": ListOf(Enum(LAYOUTS, "layout"), min_len=1, unique=True),
         "modes": ListOf(Enum(MODES, "mode"), min_len=1, unique=True),

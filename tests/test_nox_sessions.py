@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOXFILE = ROOT / "noxfile.py"
 PINNED = ["matrix(torch=2.13.0)", "matrix(torch=2.14.1)"]
 INSTALLED = "matrix(torch=installed)"
-ALL_SESSIONS = {*PINNED, INSTALLED, "tests", "lint", "liger"}
+ALL_SESSIONS = {*PINNED, INSTALLED, "tests", "lint", "liger", "bitsandbytes"}
 CPU_CELL = "rms_norm.triton-*-cpu-fp32-contiguous-eager"
 SKIP_CELL = "rms_norm.triton-*-sm_90-fp32-contiguous-eager"
 

@@ -9,13 +9,28 @@ on an H200 — by JIT-compiling PTX, or not at all — so opgate lists the ELF
 ``--list-ptx`` prints ``PTX file    1: x.1.sm_80.ptx`` (the PTX's virtual arch,
 reported here as ``compute_80``).  A host-only file makes cuobjdump say
 "does not contain device code".
+
+Every call passes ``-all``: without it cuobjdump reads only the first
+fatbin of a file, and a library linked from many translation units (a
+prebuilt wheel's ``.so``) holds one fatbin per unit; its PTX often sits in
+none but the later ones (bitsandbytes' ``libbitsandbytes_cuda130.so``: 7 cubins
+and no PTX without ``-all``, 49 cubins and 6 ``compute_120`` PTX with it).
+
+A *kernel* is an entry function, one with a parameter constant bank
+(``CONSTANT[0]`` in ``--dump-resource-usage``).  Device functions the
+compiler kept out of line (``__cuda_sm70_shflsync_idx_p``,
+``__cuda_sm70_warpsync``, a ``__noinline__`` helper) have none: they cannot be
+launched, so they are never "a kernel without SASS".
 """
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import re
+import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +93,7 @@ def parse_listing(text: str) -> tuple[list[str], list[str]]:
 
 def _run(cuobjdump: Path, flag: str, path: Path) -> str:
     proc = subprocess.run(
-        [str(cuobjdump), flag, str(path)], capture_output=True, text=True, timeout=120, check=False
+        [str(cuobjdump), "-all", flag, str(path)], capture_output=True, text=True, timeout=300, check=False
     )
     out = proc.stdout + proc.stderr
     benign = _NO_DEVICE_CODE in out or "No PTX file found" in out
@@ -141,28 +156,97 @@ def sass_runs_on(have: str, capability: tuple[int, int]) -> bool:
     return major == capability[0] and minor <= capability[1]
 
 
-def kernels_by_arch(path: Path, cuobjdump: Path | None = None) -> dict[str, list[str]]:
-    """Kernel (function) names in each SASS arch of ``path``, from ``--dump-resource-usage``."""
-    tool = cuobjdump or cuobjdump_path()
-    out = _run(tool, "--dump-resource-usage", path)
-    single = list_arches(path, tool).sass if "arch = " not in out else ()
+#: Out-of-line device functions the compiler emits (never launched): named, in case a
+#: cuobjdump version prints no constant bank for a kernel either.
+_HELPER_PREFIXES = ("__cuda_", "__internal_", "__nv_")
+
+
+def parse_resource_usage(text: str) -> dict[str, list[str]]:
+    """Kernel names per SASS arch from ``cuobjdump -all --dump-resource-usage`` output.
+
+    Only ``Fatbin elf code`` sections count (PTX sections carry an arch line
+    too, but no machine code); a function counts when its resource line names
+    ``CONSTANT[0]`` (an entry function's parameter bank) and its name is not a
+    compiler helper.  A kernel compiled into several fatbins is listed once.
+    """
     result: dict[str, list[str]] = {}
-    arch = single[0] if single else "unknown"
-    for raw in out.splitlines():
+    arch, in_elf, function = "unknown", True, None
+    for raw in text.splitlines():
         line = raw.strip()
-        if line.startswith("arch = "):
+        if line.startswith("Fatbin "):
+            in_elf = line.startswith("Fatbin elf")
+        elif line.startswith("arch = "):
             arch = line.split("=", 1)[1].strip()
         elif line.startswith("Function ") and line.endswith(":"):
-            result.setdefault(arch, []).append(line[len("Function ") : -1])
+            function = line[len("Function ") : -1]
+            continue
+        elif function is not None and in_elf:
+            names = result.setdefault(arch, [])
+            if "CONSTANT[0]" in line and not function.startswith(_HELPER_PREFIXES) and function not in names:
+                names.append(function)
+        function = None
     return result
 
 
-def gpu_sass_report(binary: Path, capability: tuple[int, int] | None = None) -> dict[str, object]:
+def kernels_by_arch(path: Path, cuobjdump: Path | None = None) -> dict[str, list[str]]:
+    """Kernel (entry function) names in each SASS arch of ``path``; helpers are left out."""
+    tool = cuobjdump or cuobjdump_path()
+    out = _run(tool, "--dump-resource-usage", path)
+    if "arch = " not in out:  # a lone cubin: no fatbin header, its arch is in the listing
+        single = list_arches(path, tool).sass
+        out = f"arch = {single[0] if single else 'unknown'}\n{out}"
+    return parse_resource_usage(out)
+
+
+_PTX_ENTRY_RE = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$.]+)", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=32)
+def _ptx_kernels(path: Path, mtime_ns: int, tool: Path) -> tuple[str, ...]:
+    out = _run(tool, "--dump-ptx", path)
+    return tuple(dict.fromkeys(_PTX_ENTRY_RE.findall(out)))
+
+
+def ptx_kernels(path: Path, cuobjdump: Path | None = None) -> list[str]:
+    """Kernel (``.entry``) names in the PTX of ``path``: what a PTX-only build can still JIT."""
+    return list(_ptx_kernels(path, path.stat().st_mtime_ns, cuobjdump or cuobjdump_path()))
+
+
+def demangle(names: Sequence[str]) -> dict[str, str]:
+    """Mangled -> demangled C++ names (``c++filt``, as the profiler shows them); identity without it."""
+    tool = shutil.which("c++filt")
+    if not names or tool is None:
+        return {n: n for n in names}
+    proc = subprocess.run(
+        [tool], input="\n".join(names) + "\n", capture_output=True, text=True, timeout=60, check=False
+    )
+    out = proc.stdout.splitlines()
+    if proc.returncode != 0 or len(out) != len(names):
+        return {n: n for n in names}
+    return dict(zip(names, out, strict=True))
+
+
+def matching(names: Iterable[str], patterns: Sequence[str], readable: Mapping[str, str]) -> list[str]:
+    """Names whose mangled or demangled form matches one of ``patterns`` (``a|b`` = either)."""
+    globs = [g for p in patterns for g in p.split("|")]
+    return [
+        n
+        for n in names
+        if any(fnmatch.fnmatchcase(n, g) or fnmatch.fnmatchcase(readable.get(n, n), g) for g in globs)
+    ]
+
+
+def gpu_sass_report(
+    binary: Path, capability: tuple[int, int] | None = None, kernels: Sequence[str] = ()
+) -> dict[str, object]:
     """On a GPU: does ``binary`` hold SASS for this device, or will the driver JIT its PTX?
 
     ``capability`` defaults to the current CUDA device's.  Every kernel that has
     no SASS for the device is listed under ``kernels_without_sass`` (they run
     only through PTX JIT — or not at all when there is no usable PTX either).
+    ``kernels`` (glob patterns, e.g. the spec's CUDA evidence) narrows the
+    judgement to the op's own kernels when any match: a library's kernels for
+    other ops and other arches are reported, not judged.
     """
     if capability is None:
         import torch
@@ -173,15 +257,22 @@ def gpu_sass_report(binary: Path, capability: tuple[int, int] | None = None) -> 
     by_arch = kernels_by_arch(binary) if found.has_device_code else {}
     native = {k for a, ks in by_arch.items() if sass_runs_on(a, capability) for k in ks}
     every = sorted({k for ks in by_arch.values() for k in ks})
+    if found.ptx and not every:  # a PTX-only build: its kernels are named in the PTX alone
+        every = sorted(set(ptx_kernels(binary)))
+    readable = demangle(every) if kernels else {}
+    judged = matching(every, kernels, readable) if kernels else []
+    judged = judged or every
     ptx_ok = [p for p in found.ptx if int(p.split("_")[1].rstrip("af")) <= capability[0] * 10 + capability[1]]
-    missing = [k for k in every if k not in native]
+    missing = [k for k in judged if k not in native]
     return {
         "binary": str(binary),
         "capability": f"{capability[0]}.{capability[1]}",
         "device_arch": f"sm_{capability[0]}{capability[1]}",
         "sass": list(found.sass),
         "ptx": list(found.ptx),
-        "native": bool(every) and not missing,
+        "kernels": len(every),
+        "kernels_judged": len(judged),
+        "native": bool(judged) and not missing,
         "jit_from_ptx": bool(missing) and bool(ptx_ok),
         "kernels_without_sass": missing,
         "listing": found.listing,

@@ -4,6 +4,9 @@
   implementation's ``arch_policy``; ``cuobjdump`` must list SASS for every
   claimed arch (and PTX when ``ptx: true``), and every arch's cubin must hold
   the kernels the spec's CUDA evidence expects.
+* External implementations whose spec names ``binaries`` (a prebuilt wheel's
+  ``.so`` files, or the Triton kernels the op launches) are audited the same
+  way, one arch per cell: :mod:`validators.checks.external_build`.
 * Triton implementations are cross-compiled for the cell's arch with
   ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 80|90, 32))`` in a
   child interpreter (never under ``TRITON_INTERPRET``); each cubin must hold
@@ -17,7 +20,6 @@ CPU-only torch.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import subprocess
@@ -49,7 +51,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     return run_build_cell(cell, spec, workdir)
 
 
-def run_build_cell(cell: Cell, spec: OpSpec, workdir: Path) -> CellOutcome:
+def run_build_cell(cell: Cell, spec: OpSpec, workdir: Path) -> CellOutcome:  # noqa: PLR0911
     start = time.monotonic()
     impl = spec.implementations[cell.impl]
     if cell.arch == "cpu":
@@ -64,6 +66,10 @@ def run_build_cell(cell: Cell, spec: OpSpec, workdir: Path) -> CellOutcome:
             return _cuda_cell(cell, spec, impl, sass, start)
         if impl.kind == "triton":
             return _triton_cell(cell, impl, workdir, start)
+        if impl.audits_binaries:
+            from opgate.validators.checks.external_build import external_cell
+
+            return external_cell(cell, spec, impl, workdir, start)
     except Exception as exc:  # noqa: BLE001 (a build check reports, never raises into the worker)
         return _outcome(Verdict.ERROR, f"build check crashed: {type(exc).__name__}: {exc}", {}, start)
     return _outcome(Verdict.UNSUPPORTED, f"kind {impl.kind} has no binaries to inspect", {}, start)
@@ -119,6 +125,37 @@ def _cuda_cell(cell: Cell, spec: OpSpec, impl: ImplSpec, sass: list[str], start:
     return _judge_cuda(found, by_arch, sass, ptx, _expected_kernels(impl), details, toolchain.release, start)
 
 
+def judge_binary(
+    found: Any, by_arch: dict[str, list[str]], sass: list[str], ptx: bool, expect: tuple[str, ...]
+) -> tuple[Verdict, str, dict[str, Any]]:
+    """pass only if every claimed arch has SASS (PTX when asked) holding the expected kernels.
+
+    ``by_arch`` lists kernels (entry functions, see :mod:`validators.binaries`);
+    an expected pattern matches a kernel's mangled or demangled name.
+    """
+    from opgate.validators.binaries import demangle, matching, missing_arches, sass_satisfies
+
+    wanted_ptx = [a.replace("sm_", "compute_") for a in sass] if ptx else []
+    missing = missing_arches(found, sass, wanted_ptx)
+    readable = demangle(sorted({k for ks in by_arch.values() for k in ks})) if expect else {}
+    lacking: dict[str, list[str]] = {}
+    for arch in sass:
+        names = [k for a, ks in by_arch.items() if sass_satisfies(a, arch) for k in ks]
+        gone = [p for p in expect if not matching(names, [p], readable)]
+        if gone and arch not in missing:
+            lacking[arch] = gone
+    details: dict[str, Any] = {"binary": found.to_json(), "listing": found.listing}
+    details.update(missing=missing, kernels_missing_by_arch=lacking)
+    details["kernels_by_arch"] = {a: len(ks) for a, ks in by_arch.items()}
+    have = f"SASS {', '.join(found.sass) or 'none'}; PTX {', '.join(found.ptx) or 'none'}"
+    if missing:
+        return Verdict.FAIL, f"binary lacks {', '.join(missing)} ({have})", details
+    if lacking:
+        text = "; ".join(f"{a}: {', '.join(g)}" for a, g in lacking.items())
+        return Verdict.FAIL, f"expected kernels absent from cubins: {text}", details
+    return Verdict.PASS, have, details
+
+
 def _judge_cuda(  # noqa: PLR0917 (evidence gathered by the caller, judged here)
     found: Any,
     by_arch: dict[str, list[str]],
@@ -129,28 +166,13 @@ def _judge_cuda(  # noqa: PLR0917 (evidence gathered by the caller, judged here)
     release: str,
     start: float,
 ) -> CellOutcome:
-    """pass only if every claimed arch has SASS (PTX when asked) holding the expected kernels."""
-    from opgate.validators.binaries import missing_arches, sass_satisfies
-
-    wanted_ptx = [a.replace("sm_", "compute_") for a in sass] if ptx else []
-    missing = missing_arches(found, sass, wanted_ptx)
-    lacking: dict[str, list[str]] = {}
-    for arch in sass:
-        names = [k for a, ks in by_arch.items() if sass_satisfies(a, arch) for k in ks]
-        gone = [p for p in expect if not any(fnmatch.fnmatchcase(k, p) for k in names)]
-        if gone and arch not in missing:
-            lacking[arch] = gone
-    details.update(binary=found.to_json(), listing=found.listing)
-    details.update(missing=missing, kernels_missing_by_arch=lacking)
-    details["kernels_by_arch"] = {a: len(ks) for a, ks in by_arch.items()}
-    have = f"SASS {', '.join(found.sass) or 'none'}; PTX {', '.join(found.ptx) or 'none'}"
-    if missing:
-        return _outcome(Verdict.FAIL, f"binary lacks {', '.join(missing)} ({have})", details, start)
-    if lacking:
-        text = "; ".join(f"{a}: {', '.join(g)}" for a, g in lacking.items())
-        return _outcome(Verdict.FAIL, f"expected kernels absent from cubins: {text}", details, start)
-    cached = " (cached)" if details.get("cache_hit") else ""
-    return _outcome(Verdict.PASS, f"nvcc {release}{cached}: {have}", details, start)
+    """A first-party CUDA C++ build judged by :func:`judge_binary`."""
+    status, summary, found_details = judge_binary(found, by_arch, sass, ptx, expect)
+    details.update(found_details)
+    if status is Verdict.PASS:
+        cached = " (cached)" if details.get("cache_hit") else ""
+        summary = f"nvcc {release}{cached}: {summary}"
+    return _outcome(status, summary, details, start)
 
 
 def _cell_ptxas(cell: Cell) -> Path | CellOutcome:
@@ -172,8 +194,14 @@ def _cell_ptxas(cell: Cell) -> Path | CellOutcome:
     return ptxas
 
 
-def _triton_cell(cell: Cell, impl: ImplSpec, workdir: Path, start: float) -> CellOutcome:
-    """Cross-compile in a child interpreter and judge each cubin's SASS."""
+def _triton_cell(
+    cell: Cell, impl: ImplSpec, workdir: Path, start: float, launches: list[dict[str, Any]] | None = None
+) -> CellOutcome:
+    """Cross-compile in a child interpreter and judge each cubin's SASS.
+
+    ``launches`` (recorded kernel launches of an external implementation, see
+    :mod:`validators.checks.triton_launches`) replaces the module's own kernels.
+    """
     from opgate.validators.binaries import list_arches, sass_satisfies
 
     outdir = workdir / "build" / cell.arch
@@ -184,6 +212,7 @@ def _triton_cell(cell: Cell, impl: ImplSpec, workdir: Path, start: float) -> Cel
         "dtypes": list(impl.dtypes),
         "signatures": getattr(impl, "build_signatures", None),
         "outdir": str(outdir),
+        "launches": launches,
     }
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     ptxas = _cell_ptxas(cell)

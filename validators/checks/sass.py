@@ -11,9 +11,15 @@ in the cell and lists every kernel without SASS for it.
 * ``fail``: some kernel has neither SASS nor usable PTX for this device.
 
 Applies to GPU cells of ``kind: cuda`` implementations whose module exposes the
-loaded build as ``BUILT`` (see :func:`ops._cuda_build.load_library`).  Triton
-kernels are compiled for the running device on first call, so they always run
-native code and are not checked here.
+loaded build as ``BUILT`` (see :func:`ops._cuda_build.load_library`), and of
+external implementations whose spec names ``binaries.files`` / ``loaded``:
+there the binaries are the declared files this process has *mapped*
+(``/proc/self/maps``, :func:`validators.binsource.loaded_binaries`), recorded
+in the result, and the op's own kernels (its CUDA evidence patterns) are
+judged.  None of them mapped after the op ran is a ``fallback``: the op's
+numbers came from some other code path than the library's CUDA binary.
+Triton kernels are compiled for the running device on first call, so they
+always run native code and are not checked here.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ NAME = "sass"
 def applies(ctx: CellContext) -> str | None:
     if ctx.device_kind != "cuda":
         return "machine code for a device is checked on GPUs only"
+    binaries = ctx.impl.binaries
+    if ctx.impl.kind == "external" and (binaries.get("files") or binaries.get("loaded")):
+        return None
     if ctx.impl.kind != "cuda":
         return "Triton kernels are compiled for the running device"
     return None
@@ -49,9 +58,29 @@ def judge(report: dict[str, Any]) -> CheckResult:
     return CheckResult(NAME, Verdict.FAIL, f"no {arch} SASS and no usable PTX: {names}", report)
 
 
+def judge_loaded(reports: list[dict[str, Any]], declared: str) -> CheckResult:
+    """Verdict over every declared binary that is mapped (pure, unit-tested)."""
+    if not reports:
+        return CheckResult(
+            NAME, Verdict.FALLBACK, f"none of the declared binaries ({declared}) is loaded in this process"
+        )
+    results = [judge(r) for r in reports]
+    worst = max(results, key=lambda r: (r.status is Verdict.FAIL, r.status is Verdict.FALLBACK))
+    names = ", ".join(Path(str(r["binary"])).name for r in reports)
+    details = {"loaded": [r["binary"] for r in reports], "reports": reports}
+    return CheckResult(NAME, worst.status, f"loaded {names}: {worst.summary}", details)
+
+
 def run(ctx: CellContext) -> CheckResult:
     from opgate.validators.binaries import gpu_sass_report
 
+    if ctx.impl.kind == "external":
+        from opgate.validators.binsource import declared_globs, loaded_binaries
+
+        expect = ctx.impl.evidence_for("cuda", ctx.mode).expect
+        loaded = loaded_binaries(ctx.impl.binaries, ctx.impl.module)
+        declared = ", ".join(declared_globs(ctx.impl.binaries, None)) or f"libraries of {ctx.impl.module}"
+        return judge_loaded([gpu_sass_report(p, kernels=expect) for p in loaded], declared)
     module = importlib.import_module(ctx.impl.module or ctx.impl.entry.split(":")[0])
     built = getattr(module, "BUILT", None)
     library = getattr(built, "library", None)

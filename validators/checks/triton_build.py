@@ -149,7 +149,7 @@ def compile_kernel(fn: Any, variant: dict[str, Any], dtype: str, arch: str, outd
     try:
         src, options = _source(fn, variant, dtype)
         compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
-        path = outdir / f"{fn.__name__}.{dtype}.{arch}.cubin"
+        path = outdir / f"{fn.__name__}.{dtype}.{arch}.{len(list(outdir.glob(fn.__name__ + '.*')))}.cubin"
         path.write_bytes(compiled.asm["cubin"])
         row["cubin"] = str(path)
     except Exception as exc:  # noqa: BLE001 (one kernel's failure is a row, not a crash)
@@ -160,10 +160,28 @@ def compile_kernel(fn: Any, variant: dict[str, Any], dtype: str, arch: str, outd
     return row
 
 
+def compile_launches(launches: list[dict[str, Any]], arch: str, outdir: Path) -> list[dict[str, Any]]:
+    """Compile recorded launches (``{module, kernel, dtype, variant}``) of a library's kernels."""
+    import importlib
+
+    rows = []
+    for launch in launches:
+        fn = _unwrap(getattr(importlib.import_module(launch["module"]), launch["kernel"], None))
+        if fn is None:
+            rows.append({**launch, "error": f"{launch['module']} has no Triton kernel {launch['kernel']}"})
+            continue
+        row = compile_kernel(fn, launch["variant"], launch["dtype"], arch, outdir)
+        rows.append(row)
+    return rows
+
+
 def main(request_json: str) -> dict[str, Any]:
     import triton
 
     req = json.loads(request_json)
+    if req.get("launches") is not None:
+        kernels = compile_launches(req["launches"], req["arch"], Path(req["outdir"]))
+        return {"triton": triton.__version__, "kernels": kernels}
     found, modules = discover(req["module"])
     sigs: dict[str, Any] = dict(req.get("signatures") or {})
     for mod in modules:
