@@ -176,7 +176,7 @@ class Runner:
             try:
                 fp = env.probe(self.python)
             except (OSError, RuntimeError, ValueError) as exc:
-                fp = {"error": f"environment probe failed: {exc}", "env_key": "unknown"}
+                fp = env.Fingerprint(error=f"environment probe failed: {exc}").to_json()
         found = {v: p for v, p in self._plan.nvcc.items() if p}
         self._env = {**fp, "nvcc": {**(fp.get("nvcc") or {}), **found}} if found else dict(fp)
         return self._env
