@@ -81,7 +81,7 @@ def test_the_probe_subprocess_writes_the_same_record() -> None:
 
 
 def test_a_field_the_writer_never_writes_is_an_error_not_a_guess() -> None:
-    with pytest.raises(env.FingerprintError, match="unknown fingerprint field.*'cuda'"):
+    with pytest.raises(env.FingerprintError, match=r"unknown fingerprint field.*'cuda'"):
         env.Fingerprint.from_json({**H200_FP, "cuda": "13.0"})
     with pytest.raises(env.FingerprintError, match="JSON object"):
         env.Fingerprint.from_json(["torch"])  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from opgate.matrix.plan import Plan, Shard
 from opgate.reports.merge import merge, read_runs
 from opgate.reports.publish import OUTPUT_FILES, publish
 from opgate.validators.result import Verdict
-from tests.data.reports.fixtures import CPU_ENV, FAIL_CELL, H200_ENV, cpu_run, gpu_run, write_run
+from tests.data.reports.fixtures import CPU_ENV, FAIL_CELL, cpu_run, gpu_run, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,7 +65,8 @@ def test_a_fingerprint_field_the_validators_never_write_is_refused(tmp_path: Pat
     for cell in run.cells:
         cell.env = guessed
     path = write_run(run, tmp_path / "a")
-    with pytest.raises(ResultsFormatError, match=r"results\.json: cell .*unknown fingerprint field.*'torch_version'"):
+    expected = r"results\.json: cell .*unknown fingerprint field.*'torch_version'"
+    with pytest.raises(ResultsFormatError, match=expected):
         merge(read_runs([path]))
 
 
