@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from opgate.ops.cost import CostError, shape_cost
 from opgate.ops.spec import OpSpec, load_specs
 from opgate.reports import bench_table
-from opgate.validators.perf.cost import CostError, shape_cost
 
 COPY_GBPS = 4274.0
 GEMM_TFLOPS = 788.0
@@ -80,7 +80,7 @@ def rows(specs: Mapping[str, OpSpec], docs: Sequence[Mapping[str, Any]], ridge: 
         table.append(
             [
                 name,
-                spec.module,
+                spec.category,
                 f"{'x'.join(map(str, small))} .. {'x'.join(map(str, large))}",
                 ", ".join(spec.dtypes),
                 bound,
@@ -92,7 +92,7 @@ def rows(specs: Mapping[str, OpSpec], docs: Sequence[Mapping[str, Any]], ridge: 
     return table
 
 
-HEADER = ("op", "module", "shapes", "dtypes", "bound (bf16, largest shape)", "achieved", "impls", "fused")
+HEADER = ("op", "category", "shapes", "dtypes", "bound (bf16, largest shape)", "achieved", "impls", "fused")
 
 
 def render(

@@ -160,7 +160,7 @@ def run_case(
     import torch
 
     from opgate.ops.base import DTYPES
-    from opgate.validators.perf.cost import CostError, shape_cost
+    from opgate.ops.cost import CostError, shape_cost
     from opgate.validators.perf.peers import op_bench_bytes
     from opgate.validators.perf.timing import time_interleaved
 
