@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from opgate.matrix.errors import ResultsFormatError
+from opgate.validators.perf.report import BENCH_FORMAT as FORMAT
 
-#: The one benchmark format (``validators.perf.bench.FORMAT``, repeated here so rendering needs no torch).
-FORMAT = "opgate.bench/1"
 ROLES = ("opgate", "variant", "peer")
 DIRECTION_LABELS = {"forward": "fwd", "backward": "bwd"}
 TITLE = "# opgate benchmark table"

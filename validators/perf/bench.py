@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opgate.validators.perf.peers import FIRST_PARTY_KINDS, Peer
+from opgate.validators.perf.report import BENCH_FORMAT
 from opgate.validators.perf.timing import TimingConfig
 
 if TYPE_CHECKING:
     from opgate.ops.spec import OpSpec
 
-#: The one benchmark format: what ``run_bench`` writes and ``reports.bench_table`` reads.
-FORMAT = "opgate.bench/1"
+FORMAT = BENCH_FORMAT
 METHOD = (
     "CUDA-event medians, L2 flushed before every repetition, all peers of a row interleaved; "
     "GB/s = the spec's cost bytes / time"
