@@ -4,7 +4,7 @@ Session names are part of CI's contract (workflows call them by name), so they
 never depend on the machine:
 
     tests                     the project's test suite (torch 2.13.0 + triton 3.8.0 venv)
-    lint                      ruff, ruff format --check, mypy, actionlint
+    lint                      ruff, ruff format --check, mypy, actionlint, zizmor (LINT_COMMANDS)
     matrix(torch=2.13.0)      the default matrix in a venv with that torch (and its triton)
     matrix(torch=2.14.1)      same, CUDA 13 build of torch (runs on CPU where there is no GPU)
     matrix(torch=installed)   the Python that started nox, as it is (GPU boxes, no network)
@@ -101,6 +101,17 @@ REPORT = OUT / "report"
 INSTALL_ONLY = "--install-only" in sys.argv
 #: The interpreter ``matrix(torch=installed)`` validates: the one the user started.
 INSTALLED_PYTHON = os.environ.get("OPGATE_PYTHON") or sys.executable
+#: What ``nox -s lint`` runs, in order.  .pre-commit-config.yaml runs the same commands as local
+#: hooks (tests/test_precommit_config.py holds the two together); mypy also gets ``MYPYPATH``.
+LINT_COMMANDS: tuple[tuple[str, ...], ...] = (
+    ("ruff", "check", "."),
+    ("ruff", "format", "--check", "."),
+    ("mypy",),
+    # .github/actionlint.yaml declares the self-hosted GPU runner labels
+    ("actionlint", "-config-file", ".github/actionlint.yaml"),
+    # workflows and dependabot.yml; deliberate findings are explained in .github/zizmor.yml
+    ("zizmor", "--offline", "--persona=pedantic", "--config", ".github/zizmor.yml", ".github"),
+)
 #: Where the liger-kernel specs live unless the session is given ``--ops-path``.
 LIGER_SPECS = Path("ops/external/liger")
 #: liger specs name their ops ``liger_*`` (e.g. ``liger_rms_norm``).
@@ -286,14 +297,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=True)
 def lint(session: nox.Session) -> None:
-    """ruff, formatting, mypy (against torch's own types) and actionlint on the workflows."""
+    """ruff, formatting, mypy (against torch's own types), actionlint and zizmor on the workflows."""
     install_torch_env(session, TEST_TORCH)
     session.install(*EXTRAS["lint"])
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
-    session.run("mypy", env={"MYPYPATH": str(checkout_path())})
-    # Reads .github/actionlint.yaml, which declares the self-hosted GPU runner labels.
-    session.run("actionlint", "-config-file", ".github/actionlint.yaml")
+    for command in LINT_COMMANDS:
+        session.run(*command, env={"MYPYPATH": str(checkout_path())} if command[0] == "mypy" else None)
 
 
 def _external(session: nox.Session, distribution: str, specs: Path, select: str, run: str) -> None:

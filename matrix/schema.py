@@ -274,11 +274,19 @@ class Field:
 
 
 class Record(Schema):
-    """A mapping with fixed keys: unknown keys get a did-you-mean, missing required keys are named."""
+    """A mapping with fixed keys: unknown keys get a did-you-mean, missing required keys are named.
 
-    def __init__(self, what: str, fields: Mapping[str, Field | Schema]) -> None:
+    ``renamed`` maps a key's former name to its current one: a file still using
+    the old name gets one error saying so (at that key's line), and its value is
+    checked as the new key's, so the author sees the rename and nothing else.
+    """
+
+    def __init__(
+        self, what: str, fields: Mapping[str, Field | Schema], renamed: Mapping[str, str] | None = None
+    ) -> None:
         self.what = what
         self.fields = {k: f if isinstance(f, Field) else Field(f) for k, f in fields.items()}
+        self.renamed = dict(renamed or {})
         self.label = f"a mapping ({what})"
 
     def validate(self, node: YNode, path: str, problems: Problems) -> Any:
@@ -289,6 +297,13 @@ class Record(Schema):
             if not _check_key(key, path, problems):
                 continue
             name = str(key.value)
+            if name in self.renamed and node.key(self.renamed[name]) is None:
+                new = self.renamed[name]
+                where = f" in {path}" if path else f" in {self.what}"
+                problems.add(
+                    key.where, f"key {name!r}{where} was renamed to {new!r}", f"write {new}: instead"
+                )
+                name = new
             spec = self.fields.get(name)
             if spec is None:
                 allowed = list(self.fields)
@@ -297,8 +312,9 @@ class Record(Schema):
                 problems.add(key.where, f"unknown key {name!r}{where}", hint)
                 continue
             out[name] = spec.schema.validate(value, _join(path, name), problems)
+        old_names = {new: old for old, new in self.renamed.items()}
         for name, spec in self.fields.items():
-            if spec.required and node.key(name) is None:
+            if spec.required and node.key(name) is None and node.key(old_names.get(name, name)) is None:
                 problems.add(node.where, f"{path or self.what}: missing required key {name!r}")
                 out[name] = INVALID
         return out

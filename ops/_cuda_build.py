@@ -252,6 +252,35 @@ def load_library(
     return built
 
 
+def library_name(op: str, impl: str) -> str:
+    """The library a CUDA implementation builds to, for the build check and the runtime alike."""
+    return f"opgate_{op}_{impl}"
+
+
+def load_for_spec(module_name: str) -> BuiltExtension:
+    """Build (cached) and load the library of the implementation whose spec ``module`` is ``module_name``.
+
+    What to build comes from the spec next to the module, the one place it is
+    declared: ``sources`` and ``arch_policy`` (``sass``, ``ptx``) of the
+    implementation that names this module, so the binary the runtime loads is
+    the one the build cells inspect.
+    """
+    from opgate.ops.spec import load_spec
+
+    module_file = getattr(sys.modules.get(module_name), "__file__", None)
+    if module_file is None:
+        raise ValueError(f"{module_name} is not an imported module with a file")
+    spec_path = Path(module_file).resolve().parent / "spec.yaml"
+    spec = load_spec(spec_path, None)
+    impls = [i for i in spec.implementations.values() if i.kind == "cuda" and i.module == module_name]
+    if len(impls) != 1:
+        raise ValueError(f"{spec_path}: expected one cuda implementation with module {module_name}")
+    impl = impls[0]
+    sass = list(impl.arch_policy.get("sass") or [])
+    ptx = bool(impl.arch_policy.get("ptx", False))
+    return load_library(library_name(spec.op, impl.name), impl.sources, sass, ptx)
+
+
 def _child(request_json: str) -> int:
     """Runs in the child interpreter: one cpp_extension.load, environment already set."""
     from torch.utils import cpp_extension

@@ -79,7 +79,7 @@ def _sm_count(device_index: int) -> int:
 
 #: Knobs of the persistent backward kernels: programs per SM, software prefetch of the
 #: next row block, and a num_warps override (None: by tile size).  Defaults come from
-#: the H200 sweep (``python -m opgate.ops.rms_norm.bench --sweep``), which varies them.
+#: an H200 sweep of these three knobs (``opgate perf bench`` times one setting per run).
 BWD_TUNING: dict[str, int | bool | None] = {"programs_per_sm": 2, "prefetch": True, "warps": None}
 
 

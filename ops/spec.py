@@ -26,6 +26,7 @@ from opgate.matrix.schema import (
     validate,
 )
 from opgate.matrix.yamlload import YMap, YNode, load_yaml
+from opgate.ops import cost
 from opgate.ops.spec_schema import (
     DEVICE_KINDS,
     OPS_DIR,
@@ -102,7 +103,8 @@ class ImplSpec:
 class OpSpec:
     op: str
     summary: str
-    module: str
+    #: inventory group (``norm``, ``activation``, ...): ``ops/SPEC.md``
+    category: str
     reference: str
     samples: str
     shapes: dict[str, list[tuple[int, ...]]]
@@ -258,6 +260,19 @@ def _binaries_checks(name: str, raw: dict[str, Any], line: Any, problems: Proble
         )
 
 
+def _cost_checks(data: dict[str, Any], tree: YMap, problems: Problems) -> None:
+    """Every cost expression evaluates on every declared shape (:func:`opgate.ops.cost.problems`)."""
+    raw_cost, shapes, node = data.get("cost"), data.get("shapes"), tree.get("cost")
+    if not (isinstance(raw_cost, dict) and valid(raw_cost) and isinstance(shapes, dict) and valid(shapes)):
+        return
+    every_shape = [tuple(s) for sets in shapes.values() for s in sets]
+    for key, why in cost.problems(raw_cost, every_shape):
+        found = node.key(key) if isinstance(node, YMap) else None
+        where = found.where if found is not None else (node.where if node is not None else tree.where)
+        hint = "name the shape's dimensions with cost.symbols" if "symbol" in why else None
+        problems.add(where, f"cost.{key}: {why}", hint)
+
+
 def load_spec(path: Path, root: Path | None) -> OpSpec:
     """Validate one spec file; ``root`` is the directory its module references import from."""
     path = Path(path)
@@ -269,6 +284,7 @@ def load_spec(path: Path, root: Path | None) -> OpSpec:
         shapes_key = tree.key("shapes")
         if isinstance(shapes, dict) and "default" not in shapes and shapes_key is not None:
             problems.add(shapes_key.where, "shapes: a 'default' shape set is required")
+        _cost_checks(data, tree, problems)
         impls, impl_nodes = data.get("implementations"), tree.get("implementations")
         if isinstance(impls, dict) and isinstance(impl_nodes, YMap):
             for name, raw in impls.items():
@@ -280,7 +296,7 @@ def load_spec(path: Path, root: Path | None) -> OpSpec:
     return OpSpec(
         op=data["op"],
         summary=data["summary"],
-        module=data["module"],
+        category=data["category"],
         reference=data["reference"],
         samples=data["samples"],
         shapes={k: [tuple(s) for s in v] for k, v in data["shapes"].items()},

@@ -7,16 +7,16 @@ machinery, so a mistake is reported as ``file:line`` with a "did you mean".
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 from opgate.matrix.cell import ARCHES, DTYPES, IMPLS, LAYOUTS, MODES
 from opgate.matrix.schema import Bool, Enum, Field, Float, Glob, Int, ListOf, MapOf, Record, Str
+from opgate.ops import cost
 
 SPEC_VERSION = 1
 #: opgate's own op specs (``opgate.ops.*``, importable wherever opgate is installed).
 OPS_DIR = Path(__file__).resolve().parent
-OP_MODULES = ("norm", "activation", "attention", "position", "gemm", "other")
+OP_CATEGORIES = ("norm", "activation", "attention", "position", "gemm", "other")
 DEVICE_KINDS = ("cpu", "cuda")
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
 REF_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
@@ -24,21 +24,6 @@ REF_HINT = "write module:attribute, e.g. my_ops.rms_norm.reference:rms_norm"
 DIST_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 #: A relative path glob inside a distribution; ``{cuda_major}``/``{cuda_minor}`` name the cell's CUDA.
 FILE_GLOB = r"[^/\s][^\s]*"
-
-
-def check_expr(text: str) -> str | None:
-    """Cost expressions are plain arithmetic over shape symbols: nothing callable."""
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as exc:
-        return f"{text!r} is not an expression: {exc.msg}"
-    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.operator, ast.unaryop)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            continue
-        if not isinstance(node, allowed):
-            return f"{text!r} may use only numbers, shape symbols and + - * / // % **"
-    return None
 
 
 RULE = Record("evidence rule", {"expect": ListOf(Glob()), "forbid": ListOf(Glob())})
@@ -91,7 +76,7 @@ SPEC_SCHEMA = Record(
         "spec_version": Field(Int(choices=(SPEC_VERSION,)), required=True),
         "op": Field(Str("an op name [a-z][a-z0-9_]*", NAME_PATTERN), required=True),
         "summary": Field(Str(), required=True),
-        "module": Field(Enum(OP_MODULES, "module"), required=True),
+        "category": Field(Enum(OP_CATEGORIES, "category"), required=True),
         "reference": Field(Str("a module:attribute reference", REF_PATTERN, REF_HINT), required=True),
         "samples": Field(Str("a module:attribute reference", REF_PATTERN, REF_HINT), required=True),
         "shapes": Field(
@@ -101,11 +86,11 @@ SPEC_SCHEMA = Record(
             "cost",
             {
                 **{
-                    k: Field(Str("an arithmetic expression", check=check_expr), True)
+                    k: Field(Str("an arithmetic expression", check=cost.check), True)
                     for k in ("bytes", "flops")
                 },
                 **{
-                    k: Str("an arithmetic expression", check=check_expr)
+                    k: Str("an arithmetic expression", check=cost.check)
                     for k in ("backward_bytes", "backward_flops")
                 },
                 "symbols": ListOf(Str("a shape symbol", r"[A-Z][A-Za-z0-9_]*"), min_len=1, unique=True),
@@ -125,4 +110,6 @@ SPEC_SCHEMA = Record(
             required=True,
         ),
     },
+    # ``module`` names a Python import path inside an implementation; the op's group is its category.
+    renamed={"module": "category"},
 )

@@ -52,15 +52,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--block", type=Path, metavar="FILE", help="decoder-block block.json to publish")
 
-    b = sub.add_parser("bench", help="render committed benchmark JSON files as a Markdown table")
+    b = sub.add_parser("bench", help="render bench.json files (opgate perf bench) as Markdown tables")
     b.add_argument("--in", dest="inputs", action="append", type=Path, required=True, metavar="FILE")
     b.add_argument("--out", type=Path, help="write here instead of stdout")
 
     inv = sub.add_parser("inventory", help="one row per op: coverage, bound, achieved roofline, fused")
     inv.add_argument("--ops-path", action="append", default=[], type=Path, metavar="DIR")
     inv.add_argument("--bench", action="append", default=[], type=Path, metavar="FILE")
-    inv.add_argument("--copy-gbps", type=float, default=4274.0, help="copy ceiling (default: H200)")
-    inv.add_argument("--gemm-tflops", type=float, default=788.0, help="bf16 GEMM ceiling (default: H200)")
+    inv.add_argument("--copy-gbps", type=float, help="copy ceiling (default: measured in a --bench run)")
+    inv.add_argument(
+        "--gemm-tflops", type=float, help="bf16 GEMM ceiling (default: measured in a --bench run)"
+    )
     inv.add_argument("--out", type=Path, help="write here instead of stdout")
 
     d = sub.add_parser("diff", help="what changed between two compat.json files")

@@ -1,107 +1,140 @@
-"""The published benchmark table: one Markdown table per op from benchmark JSON files.
+"""The one benchmark renderer: Markdown tables from ``bench.json`` documents.
 
-Benchmarks run on the GPU machine (``python -m opgate.ops.<op>.bench --out FILE`` or
-``opgate perf bench``) and their JSON is committed; this module
-renders it for release notes and the dashboard, never measures anything.  Each
-row is one (shape, dtype, direction); columns are the implementations timed in
-the same run (opgate's, aten, torch.compile of the reference, Liger-Kernel),
-as microseconds and % of the device-to-device copy bandwidth measured in that
+Benchmarks run on the GPU machine (``opgate perf bench``, the one harness:
+:mod:`validators.perf.bench`) and their JSON is committed; this module renders
+it for ``opgate bench``, ``publish --bench`` (release notes, bench.md) and the
+op inventory, and never measures anything.  One table per op and run; each row
+is one (shape, dtype, direction); columns are the peers timed in the same run,
+as microseconds and % of the device-to-device copy ceiling measured in that
 run.  The best time of each row is bold, and a row where opgate is not the
 fastest says by how much it trails — misses are shown, not hidden.
+
+Who is "opgate" and who is a peer is recorded in the data (each result's
+``role``: ``opgate``, ``variant`` or ``peer``), not guessed from names.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from opgate.matrix.errors import ResultsFormatError
+from opgate.validators.perf.report import BENCH_FORMAT as FORMAT
 
-OURS_PREFIX = "opgate"
+ROLES = ("opgate", "variant", "peer")
+DIRECTION_LABELS = {"forward": "fwd", "backward": "bwd"}
+TITLE = "# opgate benchmark table"
 
 
 def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Benchmark documents ``{"meta": {...}, "op": str, "rows": [...]}``, sorted by op."""
+    """Benchmark documents in the one format, in the order given; anything else is refused (exit 7)."""
     docs = []
-    for path in sorted(paths):
+    for path in paths:
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ResultsFormatError(f"{path}: unreadable benchmark file: {exc}") from exc
-        if not isinstance(doc, dict) or not {"meta", "op", "rows"} <= doc.keys():
-            raise ResultsFormatError(f"{path}: not a benchmark document (needs meta, op, rows)")
+        problem = format_problem(doc)
+        if problem:
+            raise ResultsFormatError(f"{path}: not a benchmark document ({FORMAT}): {problem}")
         docs.append(doc)
-    return sorted(docs, key=lambda d: str(d["op"]))
+    return docs
 
 
-def _cell(row: dict[str, Any], best: float) -> str:
-    text = f"{row['us']:.1f} us"
-    if row.get("pct_copy") is not None:
-        text += f" ({row['pct_copy']:.0f}%)"  # already a percentage of the copy ceiling
-    return f"**{text}**" if row["us"] <= best else text
+def format_problem(doc: Any) -> str | None:
+    """Why ``doc`` is not a :data:`FORMAT` document, or None."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        return f"format is {found!r}"
+    for key in ("info", "ceilings", "timing", "cases"):
+        if key not in doc:
+            return f"missing {key!r}"
+    for i, case in enumerate(doc["cases"]):
+        missing = {"op", "label", "dtype", "direction", "results", "errors"} - set(case)
+        if missing:
+            return f"cases[{i}] lacks {', '.join(sorted(missing))}"
+        bad = [n for n, r in case["results"].items() if r.get("role") not in ROLES]
+        if bad:
+            return f"cases[{i}]: results {', '.join(bad)} have no role of {', '.join(ROLES)}"
+    return None
 
 
-def render_op(doc: dict[str, Any]) -> str:
-    """One op's table; rows with host-side directions (``host-*``) are left out."""
-    rows = [r for r in doc["rows"] if not str(r["direction"]).startswith("host")]
-    failed = [r for r in rows if not isinstance(r.get("us"), (int, float))]
-    rows = [r for r in rows if r not in failed]
-    impls = sorted({r["impl"] for r in rows}, key=lambda i: (not i.startswith(OURS_PREFIX), i))
-    groups: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
-    for r in rows:
-        groups[(r["shape"], r["dtype"], r["direction"])][r["impl"]] = r
-    meta = doc["meta"]
-    lines = [
-        f"### {doc['op']}",
-        "",
-        (
-            f"{meta.get('device', '?')} ({meta.get('capability', '?')}), torch {meta.get('torch', '?')}, "
-            f"triton {meta.get('triton', '?')}, {meta.get('date', '?')[:10]}; "
-            f"copy ceiling {meta.get('copy_gbps', 0):.0f} GB/s. {meta.get('method', '')}"
-        ),
-        "",
-        "| shape | dtype | dir | " + " | ".join(impls) + " | opgate vs best peer |",
-        "|---|---|---|" + "---|" * len(impls) + "---|",
-    ]
-    for (shape, dtype, direction), by_impl in sorted(groups.items(), key=_order):
-        best = min(r["us"] for r in by_impl.values())
-        cells = [_cell(by_impl[i], best) if i in by_impl else "–" for i in impls]
-        row = " | ".join([shape, dtype, direction, *cells, _verdict(by_impl)])
-        lines.append(f"| {row} |")
-    lines.extend(_untimed(r) for r in failed)
-    return "\n".join(lines) + "\n"
+def shape_size(label: str) -> int:
+    """Elements of a shape label (``"32768x8192"``, ``"4x4096x32x128 bhsd"``); flags of 0 are no dimension."""
+    dims = [int(p) for p in label.split(maxsplit=1)[0].split("x") if p.isdigit()]
+    return math.prod(d for d in dims if d > 0)
 
 
-def _untimed(r: dict[str, Any]) -> str:
-    return f"\n- not timed: {r['impl']} {r['shape']} {r['direction']}: {r.get('error', '?')}"
+def _cell(result: Mapping[str, Any], best: float) -> str:
+    text = f"{result['median_us']:.1f} us"
+    if result.get("pct_copy") is not None:
+        text += f" ({result['pct_copy']:.0f}%)"
+    return f"**{text}**" if result["median_us"] <= best else text
 
 
-def shape_size(shape: str) -> int:
-    """Elements of a benchmark shape label: ``"32768x8192"``, ``"4x4096x32x128 bhsd"``."""
-    return math.prod(int(p) for p in shape.split(maxsplit=1)[0].split("x") if p.isdigit())
-
-
-def _order(item: tuple[tuple[str, str, str], Any]) -> tuple[int, str, str]:
-    (shape, dtype, direction), _ = item
-    return shape_size(shape), dtype, direction
-
-
-def _verdict(by_impl: dict[str, dict[str, Any]]) -> str:
-    ours = [r["us"] for i, r in by_impl.items() if i.startswith(OURS_PREFIX) and "compiled" not in i]
-    peers = [r["us"] for i, r in by_impl.items() if not i.startswith(OURS_PREFIX)]
+def verdict(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """opgate's best against the best peer: ``fastest`` or ``N% slower`` (``–`` without both)."""
+    ours = [r["median_us"] for r in results.values() if r["role"] == "opgate"]
+    peers = [r["median_us"] for r in results.values() if r["role"] == "peer"]
     if not ours or not peers:
         return "–"
     ratio = min(ours) / min(peers)
     return "fastest" if ratio <= 1.0 else f"{100 * (ratio - 1):.0f}% slower"
 
 
+def _provenance(doc: Mapping[str, Any]) -> str:
+    info, ceilings = doc["info"], doc["ceilings"]
+    arch = "sm_" + str(info.get("capability", "?")).replace(".", "")
+    return (
+        f"{info.get('device', '?')} ({arch}), torch {info.get('torch', '?')}, "
+        f"triton {info.get('triton', '?')}, {str(info.get('date', '?'))[:10]}; "
+        f"copy ceiling {ceilings.get('copy_gbps') or 0:.0f} GB/s. {doc['timing'].get('method', '')}"
+    )
+
+
+def _order(case: Mapping[str, Any]) -> tuple[int, str, str]:
+    return shape_size(str(case["label"])), str(case["dtype"]), DIRECTION_LABELS[case["direction"]]
+
+
+def render_op(doc: Mapping[str, Any], op: str) -> str:
+    """One op's table from one run."""
+    cases = sorted((c for c in doc["cases"] if c["op"] == op), key=_order)
+    names: dict[str, str] = {}
+    for case in cases:
+        names.update({n: r["role"] for n, r in case["results"].items()})
+    columns = sorted(names, key=lambda n: (names[n] == "peer", n))
+    lines = [f"### {op}", "", _provenance(doc), ""]
+    lines.append("| shape | dtype | dir | " + " | ".join(columns) + " | opgate vs best peer |")
+    lines.append("|---|---|---|" + "---|" * len(columns) + "---|")
+    for case in cases:
+        results, direction = case["results"], DIRECTION_LABELS[case["direction"]]
+        if not results:
+            continue
+        best = min(r["median_us"] for r in results.values())
+        cells = [_cell(results[n], best) if n in results else "–" for n in columns]
+        lines.append(f"| {' | '.join([case['label'], case['dtype'], direction, *cells, verdict(results)])} |")
+    lines += [  # in the order they were measured
+        f"\n- not timed: {n} {c['label']} {DIRECTION_LABELS[c['direction']]}: {why}"
+        for c in doc["cases"]
+        if c["op"] == op
+        for n, why in c["errors"].items()
+    ]
+    left_out = (doc.get("unavailable") or {}).get(op) or {}
+    lines += [f"\n- left out: {name}: {why}" for name, why in left_out.items()]
+    return "\n".join(lines) + "\n"
+
+
+def ops_of(doc: Mapping[str, Any]) -> list[str]:
+    return sorted({str(c["op"]) for c in doc["cases"]})
+
+
 def render(docs: list[dict[str, Any]]) -> str:
+    """Every op of every document, by op name; a document's run is named above each of its tables."""
     head = [
-        "# opgate benchmark table",
+        TITLE,
         "",
         (
             "Medians with the L2 flushed; % = share of the measured device-to-device copy bandwidth. "
@@ -109,4 +142,5 @@ def render(docs: list[dict[str, Any]]) -> str:
         ),
         "",
     ]
-    return "\n".join(head) + "\n" + "\n".join(render_op(d) for d in docs)
+    sections = sorted(((op, i) for i, doc in enumerate(docs) for op in ops_of(doc)))
+    return "\n".join(head) + "\n" + "\n".join(render_op(docs[i], op) for op, i in sections)

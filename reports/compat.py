@@ -24,6 +24,7 @@ import jsonschema
 from opgate.matrix.errors import ResultsFormatError
 from opgate.reports.merge import Entry, Merged
 from opgate.reports.perf import HISTORY_LIMIT, SAMPLES_KEPT, series_from_results, with_history
+from opgate.validators.env import Fingerprint, FingerprintError
 from opgate.validators.result import CellResult
 
 COMPAT_SCHEMA_VERSION = 1
@@ -109,9 +110,23 @@ def build(merged: Merged, history: Compat | None = None, generated_at: str | Non
     )
 
 
+def _check_environments(environments: Mapping[str, Any], where: str) -> None:
+    """Each environment must be the fingerprint record the validators write."""
+    bad = {}
+    for key, record in environments.items():
+        try:
+            Fingerprint.from_json(record)
+        except FingerprintError as exc:  # noqa: PERF203 - one message per bad environment
+            bad[key] = str(exc)
+    if bad:
+        key, why = next(iter(bad.items()))
+        raise ResultsFormatError(f"{where}: environments/{key}: {why}")
+
+
 def from_document(doc: Mapping[str, Any], where: str) -> Compat:
     """Parse a compat document after validating it against the schema."""
     validate_document(doc, where)
+    _check_environments(doc["environments"], where)
     entries = []
     for record in doc["cells"]:
         result = CellResult.from_json(record)

@@ -30,10 +30,10 @@ from typing import Any
 
 from opgate.matrix.errors import ResultsFormatError
 from opgate.reports.compat import SCHEMA_DIR, Compat, validate_document
-from opgate.reports.envs import gpu_name
 from opgate.reports.merge import Entry
 from opgate.reports.perf import PerfRule, perf_regressions
 from opgate.reports.view import bucket, one_line_reason, worst
+from opgate.validators.env import Fingerprint
 
 DIFF_SCHEMA_FILE = SCHEMA_DIR / "diff.schema.json"
 DIFF_SCHEMA_ID = "urn:opgate:schema:diff:1"
@@ -73,7 +73,7 @@ class Diff:
 
 
 def _device(entry: Entry, environments: Mapping[str, Mapping[str, Any]]) -> str:
-    return gpu_name(environments.get(entry.env_key, {})) or "cpu"
+    return Fingerprint.from_json(environments.get(entry.env_key, {})).gpu_name or "cpu"
 
 
 def _slots(compat: Compat) -> dict[tuple[str, str], Entry]:

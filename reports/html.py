@@ -19,7 +19,7 @@ from typing import Any
 
 from opgate.reports.charts import perf_section
 from opgate.reports.compat import Compat
-from opgate.reports.envs import column_of, gpu_name
+from opgate.reports.envs import column_of
 from opgate.reports.view import (
     GLYPHS,
     bucket,
@@ -30,6 +30,7 @@ from opgate.reports.view import (
     resolved,
     row_of,
 )
+from opgate.validators.env import Fingerprint
 
 STATIC = Path(__file__).parent / "static"
 
@@ -69,7 +70,10 @@ def page_data(compat: Compat) -> dict[str, Any]:
     return {
         "generated_at": compat.generated_at,
         "columns": [{"name": c.name, "label": c.label} for c in cols.values()],
-        "environments": {k: {"gpu": gpu_name(v), "fingerprint": v} for k, v in compat.environments.items()},
+        "environments": {
+            k: {"gpu": Fingerprint.from_json(v).gpu_name or "", "fingerprint": v}
+            for k, v in compat.environments.items()
+        },
         "cells": cells,
     }
 

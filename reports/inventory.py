@@ -5,9 +5,11 @@ ops exist, what they cover (module, shapes, dtypes, implementations), whether
 each is memory- or compute-bound, and how close it gets to the roofline.
 
 * **bound** comes from the spec's declared bytes and FLOPs at the op's largest
-  shape (bf16): arithmetic intensity against the ridge point of the machine
-  whose ceilings are given (default: an H200's measured 4274 GB/s copy and
-  788 TFLOP/s bf16 GEMM, ridge about 184 FLOP/byte).
+  shape (bf16), through the one cost evaluator (:mod:`opgate.ops.cost`):
+  arithmetic intensity against the ridge point of the ceilings *measured* in
+  the given benchmark runs (``bench.json`` ``ceilings``; ``--copy-gbps`` /
+  ``--gemm-tflops`` override or fill in what a run did not measure).  Without
+  both ceilings the column says so instead of assuming a GPU.
 * **achieved** is the best forward % of the copy ceiling (memory-bound ops) that
   an opgate implementation reached at the largest benchmarked shape, read from
   the committed benchmark JSON; "–" when no benchmark exists.
@@ -21,12 +23,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from opgate.ops.cost import CostError, shape_cost
 from opgate.ops.spec import OpSpec, load_specs
 from opgate.reports import bench_table
-from opgate.validators.perf.cost import CostError, shape_cost
 
-COPY_GBPS = 4274.0
-GEMM_TFLOPS = 788.0
 BF16_ITEMSIZE = 2
 
 
@@ -52,35 +52,51 @@ def intensity(spec: OpSpec) -> float | None:
 
 def achieved(op: str, docs: Iterable[Mapping[str, Any]]) -> str:
     """Best forward % of copy bandwidth of an opgate implementation at the largest benchmarked shape."""
-    rows = [
-        r
+    points = [
+        (bench_table.shape_size(str(c["label"])), r["pct_copy"])
         for d in docs
-        if d["op"] == op
-        for r in d["rows"]
-        if r.get("direction") == "fwd"
-        and str(r.get("impl", "")).startswith("opgate")
-        and isinstance(r.get("pct_copy"), (int, float))
+        for c in d["cases"]
+        if c["op"] == op and c["direction"] == "forward" and not c.get("context")
+        for r in c["results"].values()
+        if r["role"] == "opgate" and isinstance(r.get("pct_copy"), (int, float))
     ]
-    if not rows:
+    if not points:
         return "–"
-    size = max(bench_table.shape_size(str(r["shape"])) for r in rows)
-    best = max(r["pct_copy"] for r in rows if bench_table.shape_size(str(r["shape"])) == size)
-    return f"{best:.0f}% of copy"
+    size = max(p[0] for p in points)
+    return f"{max(pct for s, pct in points if s == size):.0f}% of copy"
 
 
-def rows(specs: Mapping[str, OpSpec], docs: Sequence[Mapping[str, Any]], ridge: float) -> list[list[str]]:
+def ceilings(
+    docs: Sequence[Mapping[str, Any]], copy_gbps: float | None, gemm_tflops: float | None
+) -> tuple[float | None, float | None]:
+    """(copy GB/s, GEMM TFLOP/s): the flags where given, else the first run that measured each."""
+    for doc in docs:
+        measured = doc.get("ceilings") or {}
+        copy_gbps = copy_gbps or measured.get("copy_gbps")
+        gemm_tflops = gemm_tflops or measured.get("gemm_tflops")
+    return copy_gbps, gemm_tflops
+
+
+def rows(
+    specs: Mapping[str, OpSpec], docs: Sequence[Mapping[str, Any]], ridge: float | None
+) -> list[list[str]]:
     table = []
     for name in sorted(specs):
         spec = specs[name]
         shapes = [tuple(s) for sets in spec.shapes.values() for s in sets]
         small, large = min(shapes, key=_elements), max(shapes, key=_elements)
         ai = intensity(spec)
-        bound = "–" if ai is None else ("compute" if ai >= ridge else "memory") + f" ({ai:.1f} FLOP/B)"
+        if ai is None:
+            bound = "–"
+        elif ridge is None:
+            bound = f"{ai:.1f} FLOP/B (no ceilings)"
+        else:
+            bound = ("compute" if ai >= ridge else "memory") + f" ({ai:.1f} FLOP/B)"
         impls = ", ".join(f"{n} ({i.kind})" for n, i in sorted(spec.implementations.items()))
         table.append(
             [
                 name,
-                spec.module,
+                spec.category,
                 f"{'x'.join(map(str, small))} .. {'x'.join(map(str, large))}",
                 ", ".join(spec.dtypes),
                 bound,
@@ -92,18 +108,29 @@ def rows(specs: Mapping[str, OpSpec], docs: Sequence[Mapping[str, Any]], ridge: 
     return table
 
 
-HEADER = ("op", "module", "shapes", "dtypes", "bound (bf16, largest shape)", "achieved", "impls", "fused")
+HEADER = ("op", "category", "shapes", "dtypes", "bound (bf16, largest shape)", "achieved", "impls", "fused")
 
 
 def render(
-    specs: Mapping[str, OpSpec], docs: Sequence[Mapping[str, Any]], copy_gbps: float, gemm_tflops: float
+    specs: Mapping[str, OpSpec],
+    docs: Sequence[Mapping[str, Any]],
+    copy_gbps: float | None = None,
+    gemm_tflops: float | None = None,
 ) -> str:
-    ridge = gemm_tflops * 1e12 / (copy_gbps * 1e9)
-    note = (
-        f"Ridge point {ridge:.0f} FLOP/byte "
-        f"({gemm_tflops:.0f} TFLOP/s bf16 GEMM, {copy_gbps:.0f} GB/s copy). "
-        "Achieved: the best forward opgate implementation at the largest benchmarked shape."
-    )
+    copy_gbps, gemm_tflops = ceilings(docs, copy_gbps, gemm_tflops)
+    if copy_gbps and gemm_tflops:
+        ridge: float | None = gemm_tflops * 1e12 / (copy_gbps * 1e9)
+        note = (
+            f"Ridge point {ridge:.0f} FLOP/byte "
+            f"({gemm_tflops:.0f} TFLOP/s bf16 GEMM, {copy_gbps:.0f} GB/s copy). "
+            "Achieved: the best forward opgate implementation at the largest benchmarked shape."
+        )
+    else:
+        ridge = None
+        note = (
+            "No measured ceilings (give a bench.json that has them, or --copy-gbps and --gemm-tflops): "
+            "bound shows the arithmetic intensity only."
+        )
     lines = [
         "# opgate op inventory",
         "",
@@ -117,6 +144,9 @@ def render(
 
 
 def build(
-    ops_paths: Sequence[Path], bench_files: Sequence[Path], copy_gbps: float, gemm_tflops: float
+    ops_paths: Sequence[Path],
+    bench_files: Sequence[Path],
+    copy_gbps: float | None = None,
+    gemm_tflops: float | None = None,
 ) -> str:
     return render(load_specs(ops_paths), bench_table.load(bench_files), copy_gbps, gemm_tflops)

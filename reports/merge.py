@@ -22,7 +22,7 @@ from typing import Any
 
 from opgate.matrix.errors import MergeConflict, MissingShard, ResultsFormatError
 from opgate.matrix.plan import load_manifest
-from opgate.reports.envs import env_key
+from opgate.validators.env import Fingerprint, FingerprintError
 from opgate.validators.result import CellResult, RunResults
 
 RESULTS_FILE = "results.json"
@@ -87,7 +87,10 @@ def merge(runs: Iterable[tuple[Path, RunResults]]) -> Merged:
         )
         for result in run.cells:
             fingerprint = result.env or run.env
-            key = env_key(fingerprint)
+            try:
+                key = Fingerprint.from_json(fingerprint).key
+            except FingerprintError as exc:
+                raise ResultsFormatError(f"{path}: cell {result.id}: {exc}") from exc
             merged.environments.setdefault(key, dict(fingerprint))
             entry = Entry(result, key, str(path))
             previous = seen.get(entry.key)

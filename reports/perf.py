@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from statistics import median
 from typing import Any
 
-from opgate.reports.envs import gpu_name
+from opgate.validators.env import Fingerprint
 from opgate.validators.perf.stats import judge, mann_whitney_u
 from opgate.validators.result import CellResult
 
@@ -114,7 +114,7 @@ def series_from_results(
                 {
                     "cell": result.id,
                     "env_key": key,
-                    "gpu": gpu_name(fingerprint),
+                    "gpu": Fingerprint.from_json(fingerprint).gpu_name or "",
                     "op": axes["op"],
                     "impl": axes["impl"],
                     "dtype": axes["dtype"],
@@ -199,7 +199,8 @@ def _by_device(perf: Mapping[str, Any], environments: Mapping[str, Any]) -> dict
     """Series keyed by (cell, device, shape): a dependency bump changes the env key, not the GPU."""
     out: dict[tuple[str, str, str], Any] = {}
     for series in perf.get("series", []):
-        device = series.get("gpu") or gpu_name(environments.get(series["env_key"], {})) or "cpu"
+        fingerprint = Fingerprint.from_json(environments.get(series["env_key"], {}))
+        device = series.get("gpu") or fingerprint.gpu_name or "cpu"
         out[(series["cell"], device, series["shape"])] = series
     return out
 

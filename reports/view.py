@@ -17,8 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opgate.reports.envs import capability, column_of, column_sort_key, gpu_name, short_gpu_name
+from opgate.reports.envs import column_of, column_sort_key
 from opgate.reports.merge import Entry
+from opgate.validators.env import Fingerprint
 from opgate.validators.result import CellResult, Verdict
 
 BUCKETS: tuple[str, ...] = ("pass", "fallback", "fail", "untested", "unsupported")
@@ -102,9 +103,9 @@ def columns(entries: Iterable[Entry], environments: Mapping[str, Mapping[str, An
         if cell.mode == BUILD_MODE:
             column.binary = True
             continue
-        fingerprint = environments.get(entry.env_key, {})
-        if cell.arch != "cpu" and capability(fingerprint) == cell.arch:
-            column.gpus.add(short_gpu_name(gpu_name(fingerprint)) or cell.arch)
+        fingerprint = Fingerprint.from_json(environments.get(entry.env_key, {}))
+        if cell.arch != "cpu" and fingerprint.arch == cell.arch:
+            column.gpus.add(fingerprint.short_gpu or cell.arch)
     return {name: found[name] for name in sorted(found, key=column_sort_key)}
 
 
@@ -151,9 +152,9 @@ def terminal_summary(entries: Iterable[Entry], environments: Mapping[str, Mappin
         total.update(counter)
         row = [f"{key:<{width}}", *(f"{counter[v]:>11}" for v in verdicts), f"{sum(counter.values()):>7}"]
         lines.append("  ".join(row))
-        gpu = gpu_name(environments.get(key, {}))
-        if gpu:
-            lines.append(f"  ({gpu}, {capability(environments.get(key, {}))})")
+        fingerprint = Fingerprint.from_json(environments.get(key, {}))
+        if fingerprint.gpu_name:
+            lines.append(f"  ({fingerprint.gpu_name}, {fingerprint.arch})")
     row = [f"{'all':<{width}}", *(f"{total[v]:>11}" for v in verdicts), f"{sum(total.values()):>7}"]
     lines.append("  ".join(row))
     return "\n".join(lines)

@@ -189,7 +189,7 @@ def test_launched_triton_kernels_cross_compile(tmp_path: Path) -> None:
 
 def _spec_text(impl: str) -> str:
     return (
-        "spec_version: 1\nop: probe\nsummary: s\nmodule: other\nreference: a.b:c\nsamples: a.b:d\n"
+        "spec_version: 1\nop: probe\nsummary: s\ncategory: other\nreference: a.b:c\nsamples: a.b:d\n"
         "shapes: {default: [[8]]}\ndtypes: [fp32]\nlayouts: [contiguous]\nmodes: [eager, build]\n"
         f"tolerance: {{k: 2.0, atol_floor: 0.0}}\nimplementations:\n  ext:\n{impl}"
     )

@@ -55,16 +55,49 @@ def test_short_gpu_names() -> None:
 def test_fingerprint_of_this_interpreter() -> None:
     import torch
 
-    fp = env.fingerprint()
-    assert fp["torch"] == torch.__version__
-    assert fp["python"].count(".") == 2
-    assert fp["env_key"] == env.env_key(fp)
-    assert len(fp["hostname_hash"]) == 12
+    record = env.fingerprint().to_json()
+    assert record["torch"] == torch.__version__
+    assert record["python"].count(".") == 2
+    assert record["env_key"] == env.env_key(record)
+    assert len(record["hostname_hash"]) == 12
     if not torch.cuda.is_available():
-        assert (fp["gpus"], fp["gpu_name"], fp["gpu_capability"], fp["driver"]) == ([], None, None, None)
-        assert "-cpu-" in fp["env_key"]
+        assert (record["gpus"], record["gpu_name"], record["gpu_capability"], record["driver"]) == (
+            [],
+            None,
+            None,
+            None,
+        )
+        assert "-cpu-" in record["env_key"]
     for key in ("triton", "cuda_runtime", "nvcc", "cxx11abi", "platform"):
-        assert key in fp
+        assert key in record
+    assert env.Fingerprint.from_json(record).to_json() == record, "the record reads back as written"
+
+
+def test_the_probe_subprocess_writes_the_same_record() -> None:
+    """``python -m opgate.validators.env`` (the parent's probe) speaks the workers' format."""
+    record = env.probe()
+    assert env.Fingerprint.from_json(record).key == record["env_key"]
+    assert set(record) == set(env.fingerprint().to_json())
+
+
+def test_a_field_the_writer_never_writes_is_an_error_not_a_guess() -> None:
+    with pytest.raises(env.FingerprintError, match=r"unknown fingerprint field.*'cuda'"):
+        env.Fingerprint.from_json({**H200_FP, "cuda": "13.0"})
+    with pytest.raises(env.FingerprintError, match="JSON object"):
+        env.Fingerprint.from_json(["torch"])  # type: ignore[arg-type]
+
+
+def test_a_failed_probe_is_keyed_unknown() -> None:
+    record = env.Fingerprint(error="environment probe failed: boom").to_json()
+    assert record["env_key"] == "unknown"
+    assert env.Fingerprint.from_json(record).error == "environment probe failed: boom"
+
+
+def test_accessors_readers_use() -> None:
+    fp = env.Fingerprint.from_json(H200_FP)
+    assert (fp.gpu_name, fp.arch, fp.short_gpu) == ("NVIDIA H200", "sm_90", "H200")
+    cpu = env.Fingerprint.from_json({"torch": "2.13.0+cpu"})
+    assert (cpu.gpu_name, cpu.arch, cpu.short_gpu) == (None, "", "")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH")
@@ -74,7 +107,7 @@ def test_nvcc_version_is_read_from_the_binary() -> None:
     version = env.nvcc_version(nvcc)
     assert version is not None
     assert version.count(".") == 1
-    assert env.fingerprint()["nvcc"] == {version: nvcc}
+    assert dict(env.fingerprint().nvcc) == {version: nvcc}
 
 
 def test_nvcc_version_of_something_else_is_none() -> None:

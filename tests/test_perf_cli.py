@@ -8,7 +8,7 @@ import pytest
 
 from opgate.ops.spec import load_specs
 from opgate.validators.perf.__main__ import main
-from opgate.validators.perf.bench import BENCH_SHAPES_2D, Case, plan, verdict
+from opgate.validators.perf.bench import BENCH_SHAPES_2D, Case, plan
 from opgate.validators.perf.study import Session, StudyConfig, evaluate, meets_bar
 from opgate.validators.perf.study import plan as study_plan
 
@@ -39,13 +39,6 @@ def test_bench_plan_rejects_unknown_ops_and_directions():
         plan(load_specs(), ["matmul"])
     with pytest.raises(ValueError, match="sideways"):
         plan(load_specs(), ["rms_norm"], directions=["sideways"])
-
-
-def test_bench_verdict_against_the_best_peer():
-    results = {"aten": {"median_us": 20.0}, "liger": {"median_us": 10.0}, "opgate-triton": {"median_us": 8.0},
-               "opgate-cuda": {"median_us": 12.5}}  # fmt: skip
-    assert verdict(results) == {"best_peer": "liger", "speedup": {"opgate-triton": 1.25, "opgate-cuda": 0.8}}
-    assert verdict({"opgate-triton": {"median_us": 1.0}}) == {"best_peer": None, "speedup": {}}
 
 
 def test_dry_run_prints_the_plan(capsys, tmp_path):
@@ -122,14 +115,19 @@ def test_study_without_a_real_slowdown_fails_the_bar():
     assert not meets_bar({"aa_alerts": 2, "aa_runs": 20, "planted_caught": 20, "planted_runs": 20})
 
 
-def test_op_bench_labels_become_column_names():
-    from opgate.validators.perf.peers import drop_duplicates, peer_name
+def test_peers_are_defined_once_with_their_roles():
+    """opgate's implementations (the CUDA C++ one included) and their compiled variants, then aten,
+    compile(reference) and Liger: one list, roles in the data, the unavailable with a reason."""
+    from opgate.validators.perf.peers import ROLES, peers_for
 
-    assert peer_name("aten F.rms_norm") == "aten"
-    assert peer_name("aten F.layer_norm (+F.gelu)") == "aten"
-    assert peer_name("liger (+F.gelu)") == "liger"
-    assert peer_name("opgate triton, compiled") == "opgate-triton-compiled"
-    assert peer_name("compile(reference)") == "compile(reference)"
-    assert peer_name("eager reference") == "eager-reference"
-    own = {"opgate-triton": print}
-    assert drop_duplicates({"opgate-triton": len, "aten": abs}, own) == {"aten": abs}
+    spec = load_specs()["rms_norm"]
+    peers, missing = peers_for(spec)
+    roles = {p.name: p.role for p in peers}
+    assert set(roles.values()) <= set(ROLES)
+    assert roles["opgate-triton"] == "opgate"
+    assert roles["opgate-triton-compiled"] == "variant"
+    assert roles["aten"] == roles["compile(reference)"] == "peer"
+    # the CUDA C++ implementation is a peer column or says why it is not (no CUDA torch here)
+    assert ("opgate-cuda" in roles) != ("opgate-cuda" in missing)
+    assert ("liger" in roles) != ("liger" in missing)
+    assert [p.name for p in peers] == list(dict.fromkeys(p.name for p in peers)), "one column per name"

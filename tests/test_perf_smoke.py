@@ -53,16 +53,25 @@ out = Path(sys.argv[1])
 s = study.run_study(study.StudyConfig(shapes=((16, 256),), runs=3, history_runs=1, device="cpu"), out)
 cases = bench.plan(load_specs(), ["rms_norm"], shapes=[(16, 256)], dtypes=["fp32"])
 b = bench.run_bench(cases, out, device="cpu", peers=["aten"])
+# the same cases between a producer and a consumer (what a "worth it in context" verdict times)
+ctx = bench.Context("scaled-then-summed", producer=lambda x, w, eps=1e-6: ((x * 2.0, w, eps), {}),
+                    consumer=lambda y: y.float().sum())
+c = bench.run_bench(cases[:1], out / "ctx", device="cpu", peers=["aten"], context=ctx)
 k = block_run.run_block(BlockConfig(hidden=64, heads=4, seq=16, batch=2, ffn=96), out, device="cpu",
                         modes=("eager",))
-print(json.dumps({"study": s, "bench": b, "block": k}))
+print(json.dumps({"study": s, "bench": b, "context": c, "block": k}))
 """
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("perf")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(ROOT)))),
+        "PATH": "/usr/bin:/bin",
+    }
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, str(out)],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600, check=False,
@@ -102,10 +111,11 @@ def test_bench_path_times_peers_and_records_the_unavailable(smoke):
         ("forward", "fp32"),
         ("backward", "fp32"),
     ]
+    assert bench["format"] == "opgate.bench/1"
     for case in bench["cases"]:
-        assert {"opgate-triton", "aten"} <= set(case["results"]), case["errors"]
-        assert case["best_peer"] == "aten"
-        assert "opgate-triton" in case["speedup"]
+        assert {"opgate-triton", "opgate-triton-compiled", "aten"} <= set(case["results"]), case["errors"]
+        roles = {n: r["role"] for n, r in case["results"].items()}
+        assert roles == {"opgate-triton": "opgate", "opgate-triton-compiled": "variant", "aten": "peer"}
         assert case["results"]["aten"]["n"] == 6
     forward = bench["cases"][0]
     assert forward["bytes"] == 2 * 16 * 256 * 4 + 256 * 4
@@ -123,10 +133,20 @@ def test_bench_path_times_peers_and_records_the_unavailable(smoke):
     else:  # installed, but this run asked for aten alone
         assert "liger" not in forward["results"]
         assert "liger" not in bench["unavailable"]["rms_norm"]
-    md = (out / "bench.md").read_text()
-    assert "## rms_norm" in md
-    assert "opgate-triton" in md
-    assert "16x256" in md
+    from opgate.reports import bench_table
+
+    md = bench_table.render(bench_table.load([out / "bench.json"]))  # the one renderer reads it back
+    assert "### rms_norm" in md
+    assert "| 16x256 | fp32 | fwd |" in md
+    assert "Fake GPU (sm_90)" in md
+
+
+def test_bench_in_a_context_times_every_peer_between_producer_and_consumer(smoke):
+    data, _ = smoke
+    (case,) = data["context"]["cases"]
+    assert case["context"] == "scaled-then-summed"
+    assert {"opgate-triton", "aten"} <= set(case["results"]), case["errors"]
+    assert all(r["gbps"] is None for r in case["results"].values()), "times include the neighbours"
 
 
 def test_block_path_reports_parity_times_and_flags(smoke):

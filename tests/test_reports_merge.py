@@ -11,11 +11,10 @@ import pytest
 
 from opgate.matrix.errors import MergeConflict, MissingShard, ResultsFormatError
 from opgate.matrix.plan import Plan, Shard
-from opgate.reports import envs
 from opgate.reports.merge import merge, read_runs
 from opgate.reports.publish import OUTPUT_FILES, publish
 from opgate.validators.result import Verdict
-from tests.data.reports.fixtures import CPU_ENV, FAIL_CELL, H200_ENV, cpu_run, gpu_run, write_run
+from tests.data.reports.fixtures import CPU_ENV, FAIL_CELL, cpu_run, gpu_run, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,28 +59,15 @@ def test_missing_results_file_names_the_folder(tmp_path: Path) -> None:
         read_runs([tmp_path / "nope"])
 
 
-def test_env_key_comes_from_the_validators() -> None:
-    assert envs.env_key(CPU_ENV) == "pt2.13.0-cpu-triton3.8.0-py3.11"
-    assert envs.env_key(H200_ENV) == "pt2.11.0+cu130-H200-sm_90-triton3.6.0-py3.12"
-
-
-def test_local_env_key_keeps_machines_apart() -> None:
-    """The fallback used when validators.env is not importable."""
-    cpu, gpu = envs.local_env_key(CPU_ENV), envs.local_env_key(H200_ENV)
-    assert cpu != gpu
-    assert "cpu" in cpu
-    assert "H200-sm_90" in gpu
-    assert "cu13.0" in gpu
-    nested = {
-        "torch": "2.11.0",
-        "cuda": "12.8",
-        "gpu": {"name": "NVIDIA A100-SXM4-80GB", "capability": [8, 0]},
-    }
-    assert envs.capability(nested) == "sm_80"
-    assert envs.gpu_name(nested) == "NVIDIA A100-SXM4-80GB"
-    assert "A100_SXM4_80GB-sm_80" in envs.local_env_key(nested)
-    assert envs.capability({"gpu_capability": "sm_90"}) == "sm_90"
-    assert envs.capability({"gpu_capability": "90"}) == "sm_90"
+def test_a_fingerprint_field_the_validators_never_write_is_refused(tmp_path: Path) -> None:
+    run = cpu_run()
+    guessed = {**CPU_ENV, "torch_version": "2.13.0"}  # a name no writer uses
+    for cell in run.cells:
+        cell.env = guessed
+    path = write_run(run, tmp_path / "a")
+    expected = r"results\.json: cell .*unknown fingerprint field.*'torch_version'"
+    with pytest.raises(ResultsFormatError, match=expected):
+        merge(read_runs([path]))
 
 
 def manifest(path: Path, shards: dict[str, list[str]]) -> Path:

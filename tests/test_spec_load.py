@@ -152,7 +152,14 @@ def line_with(tmp_path: Path, marker: str) -> int:
             "unknown key 'dtpyes'",
             "did you mean 'dtypes'?",
         ),
-        ("module: other", "module: nrom", "nrom", "unknown module 'nrom'", "did you mean 'norm'?"),
+        ("category: other", "category: nrom", "nrom", "unknown category 'nrom'", "did you mean 'norm'?"),
+        (
+            "category: other",
+            "module: other",
+            "module: other",
+            "key 'module' in op spec was renamed to 'category'",
+            "write category:",
+        ),
         ("kind: triton", "kind: trton", "trton", "unknown implementation kind", "did you mean 'triton'?"),
         (
             "dynamic_shapes: false",
@@ -170,7 +177,35 @@ def line_with(tmp_path: Path, marker: str) -> int:
             "shapes.default[0][1]: expected an integer",
             None,
         ),
-        ('flops: "M * N"', "flops: \"__import__('os')\"", "flops", "may use only numbers", None),
+        (
+            'flops: "M * N"',
+            "flops: \"__import__('os')\"",
+            "flops",
+            "Call \"__import__('os')\" is not allowed",
+            None,
+        ),
+        # ``^`` is Python's XOR: the schema and perf share one parser, so it is refused here, at load
+        (
+            'flops: "M * N"',
+            'flops: "M ^ 2"',
+            "flops",
+            "cost.flops: cost 'M ^ 2': BitXor 'M ^ 2' is not allowed",
+            None,
+        ),
+        (
+            'flops: "M * N"',
+            'flops: "M * Q"',
+            "flops",
+            "cost.flops: shape [4, 8]: cost 'M * Q': unknown symbol 'Q'",
+            "cost.symbols",
+        ),
+        (
+            'flops: "M * N"',
+            'flops: "M * N"\n  symbols: [M, P, K]',
+            "symbols",
+            "cost.symbols: shape [4, 8]",
+            None,
+        ),
         (
             "    dtypes: [fp32]\n",
             "    dtypes: [bf16]\n",
@@ -216,7 +251,7 @@ def test_spec_errors_have_file_line(
 
 
 def test_spec_reports_every_problem_at_once(tmp_path: Path) -> None:
-    text = TOY.read_text().replace("module: other", "module: nrom").replace("kind: triton", "kind: trton")
+    text = TOY.read_text().replace("category: other", "category: nrom").replace("kind: triton", "kind: trton")
     errs = spec_errors(
         tmp_path, "dtypes: [fp32, fp16]", "dtypes: [fp32, fp61]", source=_write(tmp_path, text)
     )
@@ -228,3 +263,21 @@ def _write(tmp_path: Path, text: str) -> Path:
     src = tmp_path / "source.yaml"
     src.write_text(text)
     return src
+
+
+def test_an_old_spec_with_module_stops_the_run_with_exit_3(tmp_path: Path) -> None:
+    """``module:`` (the op group before it was renamed) is a one-line error naming file:line, exit 3."""
+    folder = tmp_path / "ops" / "toy"
+    shutil.copytree(OPS / "toy", folder)
+    (tmp_path / "ops" / "toy_ref.py").write_text((OPS / "toy_ref.py").read_text())
+    spec = folder / "spec.yaml"
+    spec.write_text(spec.read_text().replace("category: other", "module: other"))
+    line = next(i for i, t in enumerate(spec.read_text().splitlines(), 1) if t.startswith("module:"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "opgate.matrix", "list", "--ops-path", str(tmp_path / "ops")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert f"{spec}:{line}" in proc.stderr
+    assert "renamed to 'category'" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,26 +1,67 @@
-"""Every workflow under .github/workflows keeps every hardening rule, and each rule bites.
+"""Every workflow keeps opgate's GPU-gate rules and passes zizmor, and each rule bites.
 
-The rules live in tests/workflow_rules.py.  Each planted fault under
-tests/data/workflows/ breaks exactly one rule (its first line says which) and
-must be reported by that rule alone; the clean fixture must pass them all.  The
-second half pins down the data flow issue 7 asks of pr.yml, nightly.yml and
-release.yml, so a refactor of a workflow cannot quietly drop the gate.
+Two checkers, one contract: zizmor (``.github/zizmor.yml``, the command of
+``nox -s lint``) for general Actions hardening, tests/workflow_rules.py for what
+only opgate knows (fork PRs and self-hosted GPU runners).  Each planted fault
+under tests/data/workflows/ breaks exactly one rule (its first line says which:
+``# expect: fork-gate`` or ``# expect: zizmor:template-injection``) and must be
+reported by that rule alone; the clean fixture must pass both.  The second half
+pins down the data flow of pr.yml, nightly.yml and release.yml, so a refactor
+of a workflow cannot quietly drop the gate.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.lint_commands import lint_command
 from tests.workflow_rules import PR_CONCURRENCY_GROUP, RULES, Workflow, check
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW_DIR = ROOT / ".github" / "workflows"
 WORKFLOWS = sorted(WORKFLOW_DIR.glob("*.y*ml"))
 FIXTURES = sorted((ROOT / "tests" / "data" / "workflows").glob("*.yml"))
+ZIZMOR_CONFIG = ROOT / ".github" / "zizmor.yml"
+
+
+def zizmor() -> str:
+    found = shutil.which("zizmor") or shutil.which("zizmor", path=str(Path(sys.executable).parent))
+    assert found, "zizmor is not installed: it comes with the test and lint extras"
+    return found
+
+
+def zizmor_options() -> list[str]:
+    """The lint command's options, without its input (``.github``)."""
+    return lint_command("zizmor")[1:-1]
+
+
+@cache
+def zizmor_findings() -> dict[str, frozenset[str]]:
+    """zizmor's audit ids per fixture file, from one run over all of them (JSON output)."""
+    argv = [zizmor(), *zizmor_options(), "--format=json", *map(str, FIXTURES)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    found: dict[str, set[str]] = {}
+    for finding in json.loads(proc.stdout):
+        for loc in finding["locations"]:
+            path = Path(loc["symbolic"]["key"]["Local"]["verbatim_path"]).name
+            found.setdefault(path, set()).add(f"zizmor:{finding['ident']}")
+    return {name: frozenset(ids) for name, ids in found.items()}
+
+
+def findings(path: Path) -> set[str]:
+    return {v.rule for v in check(path)} | set(zizmor_findings().get(path.name, ()))
+
+
 SECRETS = (
     "OPGATE_SLACK_WEBHOOK_URL",
     "OPGATE_FEISHU_WEBHOOK_URL",
@@ -52,20 +93,39 @@ def test_workflow_keeps_every_rule(path: Path) -> None:
     assert not violations, "\n".join(map(str, violations))
 
 
+def test_zizmor_passes_on_the_workflows_and_dependabot_config() -> None:
+    command = lint_command("zizmor")
+    assert command[-1] == ".github"
+    proc = subprocess.run(
+        [zizmor(), *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "completed .github/dependabot.yml" in proc.stderr
+
+
+def test_every_deliberate_zizmor_finding_is_explained_in_the_config() -> None:
+    """An inline ``# zizmor: ignore[audit]`` is a choice; .github/zizmor.yml says why."""
+    config = ZIZMOR_CONFIG.read_text(encoding="utf-8")
+    for path in WORKFLOWS:
+        for audit in re.findall(r"#\s*zizmor:\s*ignore\[([\w-]+)\]", path.read_text(encoding="utf-8")):
+            assert re.search(rf"^#\s+{audit}\s+{path.name}\b", config, re.MULTILINE), (path.name, audit)
+
+
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 def test_planted_fault_is_caught_by_its_rule_alone(path: Path) -> None:
     header = path.read_text(encoding="utf-8").splitlines()[0]
-    match = re.fullmatch(r"# expect: ([\w-]+)", header)
-    assert match, f"{path}:1: fixtures start with `# expect: <rule>`"
+    match = re.fullmatch(r"# expect: ((?:zizmor:)?[\w-]+)", header)
+    assert match, f"{path}:1: fixtures start with `# expect: <rule>` or `# expect: zizmor:<audit>`"
     expected = set() if match[1] == "none" else {match[1]}
+    assert findings(path) == expected
     violations = check(path)
-    assert {v.rule for v in violations} == expected, "\n".join(map(str, violations))
     assert all(re.search(r"\.yml:\d+$", v.where) for v in violations), "violations say file:line"
 
 
 def test_every_rule_has_a_planted_fault() -> None:
     caught = {v.rule for path in FIXTURES for v in check(path)}
     assert caught == set(RULES)
+    assert {"fork-gate", "concurrency", "timeout", "fail-fast"} == set(RULES), "only opgate's own rules"
 
 
 def test_on_is_a_key_not_yaml11_true() -> None:

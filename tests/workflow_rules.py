@@ -1,10 +1,15 @@
-"""The hardening rules opgate's GitHub Actions workflows must keep, as checkable code.
+"""opgate's own GPU-gate rules for its GitHub Actions workflows, as checkable code.
 
-A workflow that runs pull-request code on self-hosted GPU machines is an attack
-surface: an expression expanded into a shell script is a command injection, a
-tag-pinned action can be swapped under us, a fork PR on a self-hosted runner can
-keep the machine.  Each rule is a function ``Workflow -> list[Violation]`` so the
-test can show every one of them catching a planted fault (tests/data/workflows/).
+General Actions hardening (expressions expanded into scripts, unpinned actions,
+excessive or undocumented permissions, credentials left in the checkout,
+pull_request_target) is zizmor's job (``.github/zizmor.yml``, run by ``nox -s
+lint``).  What is left here is what only opgate knows: pull-request code runs
+on self-hosted GPU machines, so a fork PR must not reach one without the
+``gpu`` environment and the same-repo-or-``gpu-ok`` condition, a superseded
+push must free its GPU runners, no job may hold a machine forever, and a shard
+matrix must report every cell.  Each rule is a function ``Workflow ->
+list[Violation]`` so the test can show every one of them catching a planted
+fault (tests/data/workflows/).
 
 YAML is read as YAML 1.2 would (only true/false are booleans; ``on`` stays a key)
 and every mapping remembers the line of each key, so violations say file:line.
@@ -25,21 +30,14 @@ PR_CONCURRENCY_GROUP = "${{ github.workflow }}-${{ github.event.pull_request.num
 SAME_REPO = "github.event.pull_request.head.repo.full_name == github.repository"
 GPU_OK_LABEL = "contains(github.event.pull_request.labels.*.name, 'gpu-ok')"
 GPU_ENVIRONMENT = "gpu"
-#: Labels of self-hosted runners besides ``self-hosted`` itself (.github/actionlint.yaml).
-SELF_HOSTED_LABELS = frozenset({"self-hosted", "gpu-sm80", "gpu-sm90"})
-#: What justifies a job-level ``write`` scope: something in the job that uses it.
-WRITE_USES: dict[str, tuple[str, ...]] = {
-    "contents": (r"\bgh release (upload|create|edit|delete-asset)\b", r"\bgit push\b"),
-    "pull-requests": (r"\bgh pr (create|comment|edit|review|merge)\b",),
-    "issues": (r"\bgh issue (create|comment|edit|close)\b",),
-    "pages": (r"actions/deploy-pages@",),
-    "id-token": (r"actions/deploy-pages@",),
-    "actions": (r"\bgh (run (rerun|cancel)|workflow run)\b",),
-}
-SHA_REF = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(/[A-Za-z0-9_./-]+)?@[0-9a-f]{40}$")
-VERSION_COMMENT = re.compile(r"#\s*v\d+(\.\d+)*\b")
-HEAD_REF = re.compile(r"pull_request\.head|head_ref|refs/pull/|github\.event\.pull_request\.merge")
-UNTRUSTED = re.compile(r"\$\{\{[^}]*\b(github\.event\.|github\.head_ref|inputs\.)")
+#: Self-hosted runner labels: the ones actionlint is told about (the matrix's GPU runners).
+ACTIONLINT_CONFIG = Path(__file__).resolve().parents[1] / ".github" / "actionlint.yaml"
+SELF_HOSTED_LABELS = frozenset(
+    {
+        "self-hosted",
+        *yaml.safe_load(ACTIONLINT_CONFIG.read_text(encoding="utf-8"))["self-hosted-runner"]["labels"],
+    }
+)
 
 
 Rule = Callable[["Workflow"], list["Violation"]]
@@ -138,129 +136,6 @@ class Workflow:
         return int(self.data["jobs"].line_of(name))
 
 
-def _steps(job: LineDict) -> list[LineDict]:
-    return [s for s in job.get("steps") or [] if isinstance(s, LineDict)]
-
-
-def _job_text(job: LineDict) -> str:
-    """Everything a job runs or uses, to look for what a write scope is needed for."""
-    return "\n".join(str(s.get("run", "")) + "\n" + str(s.get("uses", "")) for s in _steps(job))
-
-
-@rule("top-permissions")
-def top_permissions(wf: Workflow) -> list[Violation]:
-    perms = wf.data.get("permissions")
-    if perms != {"contents": "read"}:
-        line = wf.data.line_of("permissions") if "permissions" in wf.data else 1
-        return [
-            Violation(
-                "top-permissions",
-                wf.at(line),
-                f"top-level permissions must be exactly `contents: read` (got {perms!r}); add scopes per job",
-            )
-        ]
-    return []
-
-
-@rule("job-permissions")
-def job_permissions(wf: Workflow) -> list[Violation]:
-    out = []
-    for name, job in wf.jobs():
-        perms = job.get("permissions")
-        where = wf.at(job.line_of("permissions"))
-        if isinstance(perms, str):
-            if perms != "read-all":
-                out.append(Violation("job-permissions", where, f"job {name}: `permissions: {perms}`"))
-            continue
-        text = _job_text(job)
-        for scope, level in (perms or {}).items():
-            if level != "write":
-                continue
-            uses = WRITE_USES.get(scope, ())
-            if not any(re.search(p, text) for p in uses):
-                out.append(
-                    Violation(
-                        "job-permissions",
-                        where,
-                        f"job {name}: `{scope}: write` but nothing in the job uses it",
-                    )
-                )
-    return out
-
-
-@rule("pinned-actions")
-def pinned_actions(wf: Workflow) -> list[Violation]:
-    out = []
-    holders = [(job, f"job {name}") for name, job in wf.jobs()]
-    holders += [(step, f"job {name}") for name, job in wf.jobs() for step in _steps(job)]
-    for holder, label in holders:
-        ref = holder.get("uses")
-        if not isinstance(ref, str) or ref.startswith("./"):
-            continue
-        line = holder.line_of("uses")
-        source = wf.lines[line - 1]
-        if ref.startswith("docker://"):
-            ok = "@sha256:" in ref
-        else:
-            ok = bool(SHA_REF.match(ref)) and bool(VERSION_COMMENT.search(source))
-        if not ok:
-            out.append(
-                Violation(
-                    "pinned-actions",
-                    wf.at(line),
-                    f"{label}: `{ref}` is not pinned by full commit SHA with a `# vX.Y.Z` comment",
-                )
-            )
-    return out
-
-
-@rule("expression-in-run")
-def no_expressions_in_run(wf: Workflow) -> list[Violation]:
-    out = []
-    for name, job in wf.jobs():
-        for step in _steps(job):
-            run = step.get("run")
-            if isinstance(run, str) and "${{" in run:
-                out.append(
-                    Violation(
-                        "expression-in-run",
-                        wf.at(step.line_of("run")),
-                        f"job {name}: `${{{{ }}}}` inside run: (pass it through env:)",
-                    )
-                )
-            script = (step.get("with") or {}).get("script")
-            if isinstance(script, str) and UNTRUSTED.search(script):
-                out.append(
-                    Violation(
-                        "expression-in-run",
-                        wf.at(step.line_of("with")),
-                        f"job {name}: untrusted context expanded into a script",
-                    )
-                )
-    return out
-
-
-@rule("prt-head-checkout")
-def no_prt_head_checkout(wf: Workflow) -> list[Violation]:
-    if "pull_request_target" not in wf.triggers:
-        return []
-    out = []
-    for name, job in wf.jobs():
-        for step in _steps(job):
-            if not str(step.get("uses", "")).startswith("actions/checkout@"):
-                continue
-            opts = step.get("with") or {}
-            if any(HEAD_REF.search(str(opts.get(k, ""))) for k in ("ref", "repository")):
-                out.append(
-                    Violation(
-                        "prt-head-checkout",
-                        wf.at(step.line_of("uses")),
-                        f"job {name}: pull_request_target checks out the PR head",
-                    )
-                )
-    return out
-
-
 def _self_hosted(runs_on: Any) -> bool:
     if isinstance(runs_on, str):
         return "${{" in runs_on or runs_on in SELF_HOSTED_LABELS
@@ -340,27 +215,6 @@ def timeouts(wf: Workflow) -> list[Violation]:
         for name, job in wf.jobs()
         if "uses" not in job and "timeout-minutes" not in job  # reusable-workflow calls cannot set it
     ]
-
-
-@rule("persist-credentials")
-def checkout_credentials(wf: Workflow) -> list[Violation]:
-    out = []
-    for name, job in wf.jobs():
-        perms = job.get("permissions")
-        may_push = isinstance(perms, dict) and perms.get("contents") == "write"
-        for step in _steps(job):
-            if not str(step.get("uses", "")).startswith("actions/checkout@"):
-                continue
-            persist = (step.get("with") or {}).get("persist-credentials")
-            if persist is not False and not may_push:
-                out.append(
-                    Violation(
-                        "persist-credentials",
-                        wf.at(step.line_of("uses")),
-                        f"job {name}: checkout keeps the token in .git/config (`persist-credentials: false`)",
-                    )
-                )
-    return out
 
 
 def check(path: Path) -> list[Violation]:

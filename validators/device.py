@@ -167,8 +167,12 @@ def threads_per_worker(jobs: int) -> int:
 
 
 @dataclass
-class Plan:
-    """This machine's share of the cells: what runs where, what skips and why."""
+class MachineShare:
+    """This machine's share of the cells: what runs where, what skips and why.
+
+    Not the CI shard plan (:class:`opgate.matrix.plan.Plan`, which splits the matrix across
+    machines): this is what one ``opgate run`` does with the cells it was given.
+    """
 
     cells: list[Cell] = field(default_factory=list)  # this torch's cells, in matrix order
     placements: dict[str, Placement] = field(default_factory=dict)
@@ -182,9 +186,9 @@ def plan_cells(
     torch_version: str | None,
     gpus: Sequence[Gpu],
     nvcc_finder: NvccFinder | None,
-) -> Plan:
+) -> MachineShare:
     """Leave out other torch versions' cells; place or skip the rest (see :func:`place`)."""
-    plan = Plan()
+    plan = MachineShare()
     for cell in cells:
         if not is_this_torch(cell, torch_version):
             plan.other_torch += 1

@@ -7,10 +7,13 @@ torch was built with, the nvcc that built the extensions, the driver, the GPU
 and its compute capability, Python and the platform.  The hostname is hashed:
 enough to tell two runners apart, nothing to leak.
 
-:func:`fingerprint` imports torch, so it runs in a worker (or the
-``opgate.env`` probe), never in the light-weight stages.
-:func:`env_key` is a pure function of the fingerprint dict; reports use it to
-key their columns, so it must stay stable for a given environment.
+:class:`Fingerprint` is the one record of an environment: written by the
+workers, read back by every report (reports import it from here; this module
+imports torch only inside :func:`fingerprint`, which runs in a worker or the
+``opgate.validators.env`` probe, never in the light-weight stages).  Its
+:attr:`~Fingerprint.key` is the one environment key: results, compat columns,
+diffs and perf history are keyed by it, so it must stay stable for a given
+environment.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -97,32 +101,126 @@ def _gpus() -> list[dict[str, Any]]:
     return gpus
 
 
-def fingerprint() -> dict[str, Any]:
+class FingerprintError(ValueError):
+    """A fingerprint record that is not the one :func:`fingerprint` writes (the message names the key)."""
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """One environment, as written under ``env`` in every results.json and read by every report.
+
+    The one definition of the format: :func:`fingerprint` builds it, workers
+    send :meth:`to_json`, and the reports read records back with
+    :meth:`from_json`, which accepts exactly these field names (a field this
+    class does not know is an error, not a guess).  ``env_key`` is written
+    alongside for people reading the JSON; readers recompute it with :attr:`key`.
+    """
+
+    fingerprint_version: int = FINGERPRINT_VERSION
+    torch: str | None = None
+    triton: str | None = None
+    cuda_runtime: str | None = None
+    cudnn: int | None = None
+    cxx11abi: bool | None = None
+    #: nvcc release -> path of every toolkit the run used (``{"13.0": "/usr/local/cuda/bin/nvcc"}``)
+    nvcc: Mapping[str, str] = field(default_factory=dict)
+    driver: str | None = None
+    gpu_name: str | None = None
+    #: ``"9.0"``: compute capability of the first GPU, as torch reports it
+    gpu_capability: str | None = None
+    gpus: tuple[Mapping[str, Any], ...] = ()
+    python: str | None = None
+    platform: str | None = None
+    machine: str | None = None
+    cpu_count: int | None = None
+    hostname_hash: str | None = None
+    #: why the run has no real fingerprint (the probe failed); its key is then ``unknown``
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Fingerprint:
+        """The record written by :meth:`to_json` (missing fields are None; unknown ones an error)."""
+        if not isinstance(data, Mapping):
+            raise FingerprintError(f"an environment fingerprint is a JSON object, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(k for k in data if k not in known and k != "env_key")
+        if unknown:
+            raise FingerprintError(
+                f"unknown fingerprint field(s) {', '.join(map(repr, unknown))}; "
+                f"a fingerprint has {', '.join(known)} (opgate.validators.env.Fingerprint)"
+            )
+        values: dict[str, Any] = {k: data[k] for k in known if data.get(k) is not None}
+        if "gpus" in values:
+            values["gpus"] = tuple(dict(g) for g in values["gpus"])
+        if "nvcc" in values:
+            values["nvcc"] = dict(values["nvcc"])
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON record (with ``env_key``), the inverse of :meth:`from_json`."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(nvcc=dict(self.nvcc), gpus=[dict(g) for g in self.gpus], env_key=self.key)
+        if self.error is None:
+            del out["error"]
+        return out
+
+    @property
+    def arch(self) -> str:
+        """``"sm_90"`` for the first GPU, ``""`` on a machine without one."""
+        if not self.gpu_name or not self.gpu_capability:
+            return ""
+        return "sm_" + str(self.gpu_capability).replace(".", "")
+
+    @property
+    def short_gpu(self) -> str:
+        """``"H200"``: the first GPU's name for keys and column headers, ``""`` without one."""
+        return short_gpu_name(self.gpu_name) if self.gpu_name and self.arch else ""
+
+    @property
+    def key(self) -> str:
+        """Stable column key, e.g. ``pt2.13.0-cpu-triton3.8.0-py3.11``
+        or ``pt2.11.0+cu130-H200-sm_90-triton3.6.0-py3.12``.
+
+        The torch local version is kept (``+cu130`` says which CUDA build) except
+        ``+cpu``, which the device part already says.  Only the first GPU names
+        the device: one machine = one column, whichever GPUs its cells ran on.
+        Driver, hostname and Python's patch release are left out on purpose: two
+        runners of the same kind land in the same column.
+        """
+        if self.torch is None:
+            return "unknown"
+        parts = [f"pt{self.torch.removesuffix('+cpu')}"]
+        parts += [self.short_gpu, self.arch] if self.arch else ["cpu"]
+        if self.triton:
+            parts.append(f"triton{self.triton}")
+        if self.python:
+            parts.append("py" + ".".join(self.python.split(".")[:2]))
+        return "-".join(parts)
+
+
+def fingerprint() -> Fingerprint:
     """Facts about the running interpreter's environment (imports torch)."""
     import torch
 
     nvcc = shutil.which("nvcc")
     gpus = _gpus()
-    fp: dict[str, Any] = {
-        "fingerprint_version": FINGERPRINT_VERSION,
-        "torch": torch.__version__,
-        "triton": _dist_version("triton"),
-        "cuda_runtime": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "cxx11abi": bool(torch.compiled_with_cxx11_abi()),
-        "nvcc": {nvcc_version(nvcc) or "unknown": nvcc} if nvcc else {},
-        "driver": driver_version() if gpus else None,
-        "gpu_name": gpus[0]["name"] if gpus else None,
-        "gpu_capability": gpus[0]["capability"] if gpus else None,
-        "gpus": gpus,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "hostname_hash": hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12],
-    }
-    fp["env_key"] = env_key(fp)
-    return fp
+    return Fingerprint(
+        torch=torch.__version__,
+        triton=_dist_version("triton"),
+        cuda_runtime=torch.version.cuda,
+        cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        cxx11abi=bool(torch.compiled_with_cxx11_abi()),
+        nvcc={nvcc_version(nvcc) or "unknown": nvcc} if nvcc else {},
+        driver=driver_version() if gpus else None,
+        gpu_name=gpus[0]["name"] if gpus else None,
+        gpu_capability=gpus[0]["capability"] if gpus else None,
+        gpus=tuple(gpus),
+        python=platform.python_version(),
+        platform=platform.platform(),
+        machine=platform.machine(),
+        cpu_count=os.cpu_count(),
+        hostname_hash=hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12],
+    )
 
 
 def short_gpu_name(name: str) -> str:
@@ -131,28 +229,9 @@ def short_gpu_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+_-]+", "_", name) or "gpu"
 
 
-def env_key(fp: Mapping[str, Any]) -> str:
-    """Stable column key of a fingerprint, e.g. ``pt2.13.0-cpu-triton3.8.0-py3.11``
-    or ``pt2.11.0+cu130-H200-sm_90-triton3.6.0-py3.12``.
-
-    The torch local version is kept (``+cu130`` says which CUDA build) except
-    ``+cpu``, which the device part already says.  Only the first GPU names the
-    device: one machine = one column, whichever GPUs its cells ran on.
-    """
-    torch_v = str(fp.get("torch") or "none")
-    torch_v = torch_v.removesuffix("+cpu")
-    parts = [f"pt{torch_v}"]
-    gpu, cap = fp.get("gpu_name"), fp.get("gpu_capability")
-    if gpu and cap:
-        parts += [short_gpu_name(str(gpu)), "sm_" + str(cap).replace(".", "")]
-    else:
-        parts.append("cpu")
-    if fp.get("triton"):
-        parts.append(f"triton{fp['triton']}")
-    py = str(fp.get("python") or "")
-    if py:
-        parts.append("py" + ".".join(py.split(".")[:2]))
-    return "-".join(parts)
+def env_key(fp: Mapping[str, Any] | Fingerprint) -> str:
+    """The one environment key of a fingerprint record (see :attr:`Fingerprint.key`)."""
+    return (fp if isinstance(fp, Fingerprint) else Fingerprint.from_json(fp)).key
 
 
 def probe(python: str = sys.executable, timeout_s: float = 300.0) -> dict[str, Any]:
@@ -216,7 +295,7 @@ def list_gpus(timeout_s: float = 30.0) -> list[dict[str, Any]] | None:
 
 
 def main() -> None:
-    json.dump(fingerprint(), sys.stdout, indent=1, sort_keys=True)
+    json.dump(fingerprint().to_json(), sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
 
 

@@ -41,7 +41,7 @@ from opgate.validators.breakdown import breakdown
 from opgate.validators.cache import VerdictCache, environment_identity
 from opgate.validators.cache import default_root as default_cache_root
 from opgate.validators.collect import write_run
-from opgate.validators.device import Gpu, Placement, Plan, plan_cells
+from opgate.validators.device import Gpu, MachineShare, Placement, plan_cells
 from opgate.validators.pool import Attempt, Pool, Task
 from opgate.validators.progress import Progress, format_summary
 from opgate.validators.result import CellResult, RunResults, Verdict
@@ -161,7 +161,7 @@ class Runner:
         self._pool: Pool | None = None
         self._cache: VerdictCache | None = None
         self._specs: dict[str, Any] = {}
-        self._plan = Plan()
+        self._plan = MachineShare()
         self.cached: list[str] = []
         self.results: dict[str, CellResult] = {}
         self.timings: dict[str, float] = {}
@@ -176,7 +176,7 @@ class Runner:
             try:
                 fp = env.probe(self.python)
             except (OSError, RuntimeError, ValueError) as exc:
-                fp = {"error": f"environment probe failed: {exc}", "env_key": "unknown"}
+                fp = env.Fingerprint(error=f"environment probe failed: {exc}").to_json()
         found = {v: p for v, p in self._plan.nvcc.items() if p}
         self._env = {**fp, "nvcc": {**(fp.get("nvcc") or {}), **found}} if found else dict(fp)
         return self._env

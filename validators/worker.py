@@ -262,7 +262,7 @@ def serve_loop(channel: IO[str], pre: Preloaded, t0: float) -> int:
         "pid": os.getpid(),
         "kind": pre.kind,
         "startup_s": round(time.perf_counter() - t0, 3),
-        "fingerprint": jsonable(fingerprint()),
+        "fingerprint": fingerprint().to_json(),
     }
     _send(channel, hello)
     for line in sys.stdin:

@@ -8,19 +8,14 @@ Importing it on a CPU-only torch raises :class:`ops._cuda_build.CudaBuildUnsuppo
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from opgate.ops._cuda_build import load_library
+from opgate.ops._cuda_build import load_for_spec
 
-CUDA_DIR = Path(__file__).resolve().parent / "cuda"
-SOURCES = (CUDA_DIR / "silu_mul_op.cpp", CUDA_DIR / "silu_mul_kernels.cu")
-#: Must match ``arch_policy.sass`` of the ``cuda`` implementation in spec.yaml (a test checks it).
-ARCHES = ("sm_80", "sm_90")
-LIBRARY_NAME = "opgate_silu_mul_cuda"
-BUILT = load_library(LIBRARY_NAME, SOURCES, ARCHES)
+#: sources and arch list come from the ``cuda`` implementation in spec.yaml (the one declaration)
+BUILT = load_for_spec(__name__)
 
 
 @torch.library.register_fake("opgate_cuda::silu_mul")

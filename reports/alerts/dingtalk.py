@@ -16,7 +16,7 @@ import urllib.parse
 from typing import Any
 
 from opgate.reports.alerts.message import Alert, fit
-from opgate.reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.transport import Acceptance, Response
 
 URL_ENV = "OPGATE_DINGTALK_WEBHOOK_URL"
 SECRET_ENV = "OPGATE_DINGTALK_SECRET"  # noqa: S105 - a variable name, not a secret
@@ -54,11 +54,11 @@ def build(alert: Alert, url: str, secret: str | None, now: float) -> tuple[str, 
     return signed_url(url, secret, now), body
 
 
-def check(response: Response) -> Verdict:
+def check(response: Response) -> Acceptance:
     body = response.json()
     if not isinstance(body, dict):
-        return Verdict(f"DingTalk answered a non-JSON body {response.body[:100]!r}")
+        return Acceptance(f"DingTalk answered a non-JSON body {response.body[:100]!r}")
     code = body.get("errcode")
     if code == 0:
-        return Verdict()
-    return Verdict(f"DingTalk errcode {code}: {body.get('errmsg', '')}", retryable=code in RATE_LIMITED)
+        return Acceptance()
+    return Acceptance(f"DingTalk errcode {code}: {body.get('errmsg', '')}", retryable=code in RATE_LIMITED)

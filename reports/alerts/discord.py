@@ -13,7 +13,7 @@ import urllib.parse
 from typing import Any
 
 from opgate.reports.alerts.message import Alert, fit
-from opgate.reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.transport import Acceptance, Response
 
 URL_ENV = "OPGATE_DISCORD_WEBHOOK_URL"
 SECRET_ENV = None
@@ -57,5 +57,5 @@ def build(alert: Alert, url: str, secret: str | None, now: float) -> tuple[str, 
     return with_wait(url), fit(lambda k: payload(alert, k), len(alert.items), _ok)
 
 
-def check(response: Response) -> Verdict:
-    return Verdict()  # 200 (wait=true) or 204: delivered; errors arrive as 4xx/5xx
+def check(response: Response) -> Acceptance:
+    return Acceptance()  # 200 (wait=true) or 204: delivered; errors arrive as 4xx/5xx

@@ -14,7 +14,7 @@ import hmac
 from typing import Any
 
 from opgate.reports.alerts.message import Alert, fit, json_size
-from opgate.reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.transport import Acceptance, Response
 
 URL_ENV = "OPGATE_FEISHU_WEBHOOK_URL"
 SECRET_ENV = "OPGATE_FEISHU_SECRET"  # noqa: S105 - a variable name, not a secret
@@ -65,12 +65,12 @@ def build(alert: Alert, url: str, secret: str | None, now: float) -> tuple[str, 
     return url, body
 
 
-def check(response: Response) -> Verdict:
+def check(response: Response) -> Acceptance:
     body = response.json()
     if not isinstance(body, dict):
-        return Verdict(f"Feishu answered a non-JSON body {response.body[:100]!r}")
+        return Acceptance(f"Feishu answered a non-JSON body {response.body[:100]!r}")
     code = body.get("code", body.get("StatusCode"))
     if code == 0:
-        return Verdict()
+        return Acceptance()
     message = body.get("msg", body.get("StatusMessage", ""))
-    return Verdict(f"Feishu code {code}: {message}", retryable=code in RATE_LIMITED)
+    return Acceptance(f"Feishu code {code}: {message}", retryable=code in RATE_LIMITED)

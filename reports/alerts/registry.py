@@ -9,7 +9,7 @@ from typing import Any
 
 from opgate.reports.alerts import dingtalk, discord, feishu, slack, teams, webhook, wecom
 from opgate.reports.alerts.message import Alert
-from opgate.reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.transport import Acceptance, Response
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Platform:
     url_env: str
     secret_env: str | None
     build: Callable[[Alert, str, str | None, float], tuple[str, Any]]
-    check: Callable[[Response], Verdict]
+    check: Callable[[Response], Acceptance]
     confirms_delivery: bool = True
 
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from opgate.reports.alerts.message import Alert, fit
-from opgate.reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.transport import Acceptance, Response
 
 URL_ENV = "OPGATE_SLACK_WEBHOOK_URL"
 SECRET_ENV = None
@@ -61,6 +61,6 @@ def build(alert: Alert, url: str, secret: str | None, now: float) -> tuple[str, 
     return url, fit(lambda k: payload(alert, k), len(alert.items), _ok)
 
 
-def check(response: Response) -> Verdict:
+def check(response: Response) -> Acceptance:
     body = response.body.strip()
-    return Verdict() if body == "ok" else Verdict(f"Slack answered {body[:100]!r} instead of 'ok'")
+    return Acceptance() if body == "ok" else Acceptance(f"Slack answered {body[:100]!r} instead of 'ok'")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from opgate.reports.alerts.message import Alert, fit, json_size
-from opgate.reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.transport import Acceptance, Response
 
 URL_ENV = "OPGATE_TEAMS_WEBHOOK_URL"
 SECRET_ENV = None
@@ -43,5 +43,5 @@ def build(alert: Alert, url: str, secret: str | None, now: float) -> tuple[str, 
     return url, fit(lambda k: payload(alert, k), len(alert.items), lambda p: json_size(p) <= MAX_BODY)
 
 
-def check(response: Response) -> Verdict:
-    return Verdict()  # any 2xx: accepted (Teams reports later failures only in the flow's run history)
+def check(response: Response) -> Acceptance:
+    return Acceptance()  # any 2xx: accepted (Teams reports later failures only in the flow's run history)

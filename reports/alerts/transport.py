@@ -90,8 +90,11 @@ class Response:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """A platform checker's reading of a response: ``error`` None means delivered."""
+class Acceptance:
+    """Whether the platform accepted a message, read from its response: ``error`` None means delivered.
+
+    Not a cell verdict (:class:`opgate.validators.result.Verdict`): an alert never changes one.
+    """
 
     error: str | None = None
     retryable: bool = False
@@ -151,7 +154,7 @@ def post_json(
     platform: str,
     url: str,
     payload: Any,
-    check: Callable[[Response], Verdict],
+    check: Callable[[Response], Acceptance],
     redactor: Redactor,
     *,
     policy: RetryPolicy | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from opgate.reports.alerts.message import Alert, fit, json_size
-from opgate.reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.transport import Acceptance, Response
 
 URL_ENV = "OPGATE_WEBHOOK_URL"
 SECRET_ENV = None
@@ -36,5 +36,5 @@ def build(alert: Alert, url: str, secret: str | None, now: float) -> tuple[str, 
     return url, fit(lambda k: payload(alert, k), len(alert.items), lambda p: json_size(p) <= MAX_BODY)
 
 
-def check(response: Response) -> Verdict:
-    return Verdict()
+def check(response: Response) -> Acceptance:
+    return Acceptance()

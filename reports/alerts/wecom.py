@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from opgate.reports.alerts.message import Alert, fit
-from opgate.reports.alerts.transport import Response, Verdict
+from opgate.reports.alerts.transport import Acceptance, Response
 
 URL_ENV = "OPGATE_WECOM_WEBHOOK_URL"
 SECRET_ENV = None
@@ -33,11 +33,11 @@ def build(alert: Alert, url: str, secret: str | None, now: float) -> tuple[str, 
     return url, body
 
 
-def check(response: Response) -> Verdict:
+def check(response: Response) -> Acceptance:
     body = response.json()
     if not isinstance(body, dict):
-        return Verdict(f"WeCom answered a non-JSON body {response.body[:100]!r}")
+        return Acceptance(f"WeCom answered a non-JSON body {response.body[:100]!r}")
     code = body.get("errcode")
     if code == 0:
-        return Verdict()
-    return Verdict(f"WeCom errcode {code}: {body.get('errmsg', '')}", retryable=code in RATE_LIMITED)
+        return Acceptance()
+    return Acceptance(f"WeCom errcode {code}: {body.get('errmsg', '')}", retryable=code in RATE_LIMITED)

@@ -111,7 +111,7 @@ def _cuda_cell(cell: Cell, spec: OpSpec, impl: ImplSpec, sass: list[str], start:
         return _outcome(Verdict.SKIP, str(exc), details, start)
     details["nvcc"] = toolchain.to_json()
     details["arch_list"] = cb.arch_list(sass, ptx)
-    name = f"opgate_{spec.op}_{impl.name}"
+    name = cb.library_name(spec.op, impl.name)
     try:
         built = cb.build(name, impl.sources, sass, ptx, toolchain)
     except cb.CudaBuildUnsupported as exc:

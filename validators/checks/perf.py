@@ -195,7 +195,7 @@ def run(ctx: CellContext) -> CheckResult:
 def _time_shapes(ctx: CellContext, ceilings: Mapping[str, float]) -> tuple[list[dict[str, Any]], list[str]]:
     import torch
 
-    from opgate.validators.perf.cost import CostError, shape_cost
+    from opgate.ops.cost import CostError, shape_cost
 
     op, baseline, base_name = _callables(ctx)
     itemsize = torch.empty((), dtype=ctx.dtype).element_size()

@@ -1,6 +1,8 @@
 """``opgate perf {bench,study,block} --out DIR``: GPU performance commands.
 
-Each writes ``DIR/<command>.json`` and ``DIR/<command>.md``.  On a machine
+Each writes ``DIR/<command>.json``; ``study`` and ``block`` also their
+``.md``, and ``bench.json`` is rendered by ``opgate bench --in DIR/bench.json``
+(the one benchmark renderer, in reports).  On a machine
 without a CUDA device each stops at once with a one-line message (exit code 2);
 ``bench --dry-run`` prints the plan anywhere.
 """
@@ -99,7 +101,10 @@ def _run(args: argparse.Namespace) -> int:
             print("\n".join(c.label for c in cases))
             return 0
         data = run_bench(cases, args.out, args.seed, peers=args.peers)
-        print(f"bench: {len(data['cases'])} cases in {data['wall_s']} s -> {args.out}/bench.md")
+        print(
+            f"bench: {len(data['cases'])} cases in {data['wall_s']} s -> {args.out}/bench.json "
+            f"(render: opgate bench --in {args.out}/bench.json)"
+        )
         return 0
     if args.command == "study":
         from opgate.validators.perf.study import StudyConfig, run_study

@@ -1,37 +1,51 @@
-"""``opgate perf bench``: opgate's ops against their peers, the published table.
+"""``opgate perf bench``: the one benchmark harness, opgate's ops against their peers.
 
 Per first-party op (an op with a ``triton`` or ``cuda`` implementation),
 forward and backward, at 8x4096, 4096x4096 and 32768x8192 in bf16 (fp16 and
 fp32 too at the largest shape) for row-wise ops, or the spec's ``large`` shape
-set otherwise.  All peers of one case — aten, torch.compile of the reference,
-Liger-Kernel when importable, every opgate implementation — are timed
-interleaved in one session (:mod:`validators.perf.timing`, L2 flushed, inputs
-rotated where they fit in L2), so they share the GPU's state.  GB/s is the
-spec's declared bytes (``cost.bytes``; ``cost.backward_bytes`` for backward)
-over the median, and % of the device-to-device copy ceiling measured in the
-same run.
+set otherwise.  All peers of one case (:func:`validators.perf.peers.peers_for`:
+every opgate implementation, aten, torch.compile of the reference, Liger-Kernel
+when importable) are timed interleaved in one session
+(:mod:`validators.perf.timing`: CUDA events, L2 flushed, inputs rotated where
+they fit in L2), so they share the GPU's state.  GB/s is the spec's declared
+bytes (``cost.bytes``; ``cost.backward_bytes`` for backward) over the median —
+bytes come from nowhere else — and % is of the device-to-device copy ceiling
+measured in the same run.
+
+The record is ``bench.json`` in the one benchmark format (:data:`FORMAT`),
+rendered by ``opgate bench`` / ``publish --bench`` (:mod:`reports.bench_table`).
+A :class:`Context` runs every peer between the same producer and consumer
+(``time_case(..., context=...)``): how an op fares inside the code around it,
+e.g. under one ``torch.compile`` with its neighbours.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from opgate.validators.perf.peers import FIRST_PARTY_KINDS, Peer
+from opgate.validators.perf.report import BENCH_FORMAT
 from opgate.validators.perf.timing import TimingConfig
 
 if TYPE_CHECKING:
     from opgate.ops.spec import OpSpec
 
+FORMAT = BENCH_FORMAT
+METHOD = (
+    "CUDA-event medians, L2 flushed before every repetition, all peers of a row interleaved; "
+    "GB/s = the spec's cost bytes / time"
+)
+
 BENCH_SHAPES_2D: tuple[tuple[int, ...], ...] = ((8, 4096), (4096, 4096), (32768, 8192))
 EXTRA_DTYPES_AT_LARGEST = ("fp16", "fp32")
 DIRECTIONS = ("forward", "backward")
-FIRST_PARTY_KINDS = ("triton", "cuda")
 BENCH_TIMING = TimingConfig(warmup_ms=25.0, rep_ms=100.0, min_reps=10, max_reps=200)
-OPGATE_PREFIX = "opgate-"
 
 
 @dataclass(frozen=True)
@@ -43,7 +57,44 @@ class Case:
 
     @property
     def label(self) -> str:
-        return f"{self.op} {'x'.join(map(str, self.shape))} {self.dtype} {self.direction}"
+        return f"{self.op} {shape_label(self.shape)} {self.dtype} {self.direction}"
+
+
+def shape_label(shape: Sequence[int]) -> str:
+    """``(32768, 8192)`` -> ``"32768x8192"``: how a shape is shown in records and tables."""
+    return "x".join(map(str, shape))
+
+
+@dataclass(frozen=True)
+class Context:
+    """The code around the op: ``producer`` makes the op's arguments, ``consumer`` takes its output.
+
+    Every peer of a case runs as ``consumer(peer(*producer(*sample args)))``
+    (``producer`` returns ``(args, kwargs)``), compiled as one graph when
+    ``compile`` is set, so peers are compared where the op is used rather than
+    alone.  Times then include the neighbours: a contextual record carries the
+    context's name and no GB/s.
+    """
+
+    name: str
+    producer: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]] | None = None
+    consumer: Callable[[Any], Any] | None = None
+    compile: bool = False
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        producer, consumer = self.producer, self.consumer
+
+        def in_context(*args: Any, **kwargs: Any) -> Any:
+            if producer is not None:
+                args, kwargs = producer(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            return consumer(out) if consumer is not None else out
+
+        if not self.compile:
+            return in_context
+        import torch
+
+        return torch.compile(in_context, dynamic=False)
 
 
 def first_party(specs: Mapping[str, OpSpec]) -> list[str]:
@@ -87,27 +138,6 @@ def plan(
     return cases
 
 
-def opgate_impls(spec: OpSpec) -> tuple[dict[str, Any], dict[str, str]]:
-    """({"opgate-<impl>": entry}, {name: why unavailable}) for the spec's triton/cuda implementations."""
-    import importlib
-
-    from opgate.ops.spec import resolve
-
-    found: dict[str, Any] = {}
-    missing: dict[str, str] = {}
-    for name, impl in spec.implementations.items():
-        if impl.kind not in FIRST_PARTY_KINDS:
-            continue
-        try:
-            importlib.import_module(impl.module)
-            found[OPGATE_PREFIX + name] = resolve(impl.entry, spec.root)
-        except Exception as exc:  # noqa: BLE001 - e.g. a CUDA extension that does not build here
-            missing[OPGATE_PREFIX + name] = (
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            )
-    return found, missing
-
-
 def _callable(peer: Any, samples: Sequence[Any], direction: str) -> Any:
     """A no-argument callable cycling over ``samples`` (forward call, or autograd.grad of the outputs)."""
     import torch
@@ -147,86 +177,62 @@ def _try_callable(peer: Any, samples: Sequence[Any], direction: str) -> Any:
         return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
 
 
-def run_case(
+def time_case(
     case: Case,
     spec: OpSpec,
-    peers: Mapping[str, Any],
+    peers: Sequence[Peer],
     samples: Sequence[Any],
     *,
     copy_gbps: float,
     device: str,
+    context: Context | None = None,
 ) -> dict[str, Any]:
-    """Time every peer of one case interleaved; peers that raise are recorded, not timed."""
-    import torch
+    """Time every peer of one case interleaved; peers that raise are recorded, not timed.
 
-    from opgate.ops.base import DTYPES
-    from opgate.validators.perf.cost import CostError, shape_cost
-    from opgate.validators.perf.peers import op_bench_bytes
-    from opgate.validators.perf.timing import time_interleaved
-
-    fns, errors = {}, {}
-    for name, peer in peers.items():
-        fn = _try_callable(peer, samples, case.direction)
-        if isinstance(fn, str):
-            errors[name] = fn
-        else:
-            fns[name] = fn
-    itemsize = torch.empty((), dtype=DTYPES[case.dtype]).element_size()
-    try:
-        nbytes, _ = shape_cost(spec.cost, case.shape, itemsize, case.direction)
-    except CostError as exc:
-        nbytes, errors["cost"] = None, str(exc)
-    if nbytes is None:  # the op author's count (ops/<op>/bench.py), e.g. backward bytes
-        fwd, bwd = op_bench_bytes(case.op, case.shape, DTYPES[case.dtype], case.dtype)
-        nbytes = fwd if case.direction == "forward" else bwd
-    results = {}
-    try:
-        timed = time_interleaved(fns, BENCH_TIMING, device) if fns else {}
-    except Exception as exc:  # noqa: BLE001 - one broken case must not lose the rest of the table
-        timed, errors["timing"] = {}, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
-    for name, t in timed.items():
-        gbps = None if nbytes is None else nbytes / (t.median_us * 1e-6) / 1e9
-        results[name] = {
-            "median_us": round(t.median_us, 3), "iqr_us": round(t.iqr_us, 3), "n": len(t.samples_us),
-            "gbps": None if gbps is None else round(gbps, 1),
-            "pct_copy": None if gbps is None else round(100 * gbps / copy_gbps, 1),
-        }  # fmt: skip
-    return {**asdict(case), "bytes": nbytes, "results": results, "errors": errors, **verdict(results)}
-
-
-def verdict(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Best peer, and each opgate implementation's speed-up over it (>1: opgate faster)."""
-    peers = {n: r["median_us"] for n, r in results.items() if not n.startswith(OPGATE_PREFIX)}
-    if not peers:
-        return {"best_peer": None, "speedup": {}}
-    best = min(peers, key=lambda n: peers[n])
-    speedup = {
-        n: round(peers[best] / r["median_us"], 3) for n, r in results.items() if n.startswith(OPGATE_PREFIX)
-    }
-    return {"best_peer": best, "speedup": speedup}
-
-
-def run_bench(
-    cases: Sequence[Case], out: Path, seed: int = 0, device: str = "cuda", peers: Sequence[str] = ()
-) -> dict[str, Any]:
-    """Run the planned cases; writes ``out/bench.json`` and ``out/bench.md``.
-
-    ``peers``: keep only these peer names (opgate implementations always run).
+    The record (one ``cases`` entry of :data:`FORMAT`): the case, the bytes the
+    spec declares for it, and per peer its role and timing (median, IQR,
+    repetitions, GB/s and % of the copy ceiling), or the one-line error.
     """
     import torch
 
     from opgate.ops.base import DTYPES
-    from opgate.ops.spec import load_specs, resolve
-    from opgate.validators.perf import ceilings
-    from opgate.validators.perf.peers import drop_duplicates, peers_for, unavailable
-    from opgate.validators.perf.report import require_cuda, run_info, write_outputs
-    from opgate.validators.perf.timing import rotation_count
+    from opgate.ops.cost import CostError, shape_cost
+    from opgate.validators.perf.timing import time_interleaved
 
-    if device.startswith("cuda"):
-        require_cuda("opgate perf bench")
-    t0 = time.perf_counter()
-    specs = load_specs()
-    info, ceil = run_info(), ceilings.get(0)
+    fns, errors = {}, {}
+    for peer in peers:
+        fn = _try_callable(context.wrap(peer.fn) if context else peer.fn, samples, case.direction)
+        if isinstance(fn, str):
+            errors[peer.name] = fn
+        else:
+            fns[peer.name] = fn
+    itemsize = torch.empty((), dtype=DTYPES[case.dtype]).element_size()
+    nbytes: float | None
+    try:
+        nbytes, _ = shape_cost(spec.cost, case.shape, itemsize, case.direction)
+    except CostError as exc:
+        nbytes, errors["cost"] = None, str(exc)
+    try:
+        timed = time_interleaved(fns, BENCH_TIMING, device) if fns else {}
+    except Exception as exc:  # noqa: BLE001 - one broken case must not lose the rest of the table
+        timed, errors["timing"] = {}, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+    roles = {p.name: p.role for p in peers}
+    results = {}
+    for name, t in timed.items():
+        gbps = None if nbytes is None or context else nbytes / (t.median_us * 1e-6) / 1e9
+        results[name] = {
+            "role": roles[name], "median_us": round(t.median_us, 3), "iqr_us": round(t.iqr_us, 3),
+            "n": len(t.samples_us), "gbps": None if gbps is None else round(gbps, 1),
+            "pct_copy": None if gbps is None else round(100 * gbps / copy_gbps, 1),
+        }  # fmt: skip
+    return {
+        **asdict(case), "label": shape_label(case.shape), "context": context.name if context else None,
+        "bytes": None if nbytes is None else int(nbytes), "results": results, "errors": errors,
+    }  # fmt: skip
+
+
+def _compile_settings() -> None:
+    import torch._dynamo.config
     import torch._functorch.config
 
     # compiled peers' backward is replayed (retain_graph=True): donated buffers would forbid that
@@ -234,44 +240,84 @@ def run_bench(
     for key in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, key):  # each case is a new static shape: keep compiling
             setattr(torch._dynamo.config, key, 1024)
-    l2 = int(info["l2_bytes"])
-    records, missing = [], {}
-    peer_cache: dict[str, dict[str, Any]] = {}
+
+
+def samples_for(
+    spec: OpSpec, shape: tuple[int, ...], dtype: str, device: str, *, seed: int, l2: int
+) -> list[Any]:
+    """The spec's sample inputs for one shape, as many copies as :func:`rotation_count` asks for."""
+    import torch
+
+    from opgate.ops.base import DTYPES
+    from opgate.ops.spec import resolve
+    from opgate.validators.perf.timing import rotation_count
+
+    sample_fn = resolve(spec.samples, spec.root)
+    first = sample_fn(shape, DTYPES[dtype], device, torch.Generator().manual_seed(seed))
+    size = sum(t.untyped_storage().nbytes() for t in first.tensors())
+    return [first] + [
+        sample_fn(shape, DTYPES[dtype], device, torch.Generator().manual_seed(seed + i))
+        for i in range(1, rotation_count(size, l2))
+    ]
+
+
+def run_bench(
+    cases: Sequence[Case],
+    out: Path,
+    seed: int = 0,
+    device: str = "cuda",
+    *,
+    peers: Sequence[str] = (),
+    context: Context | None = None,
+) -> dict[str, Any]:
+    """Run the planned cases; writes ``out/bench.json`` (:data:`FORMAT`) and returns it.
+
+    ``peers``: keep only these peer names (opgate's implementations always run).
+    ``context``: run every case inside it (see :class:`Context`).
+    """
+    import torch
+
+    from opgate.ops.spec import load_specs
+    from opgate.validators.perf import ceilings
+    from opgate.validators.perf.peers import ROLE_PEER, peers_for
+    from opgate.validators.perf.report import require_cuda, run_info
+
+    if device.startswith("cuda"):
+        require_cuda("opgate perf bench")
+    t0 = time.perf_counter()
+    specs = load_specs()
+    info, ceil = run_info(), ceilings.get(0)
+    _compile_settings()
+    records: list[dict[str, Any]] = []
+    missing: dict[str, dict[str, str]] = {}
+    chosen: dict[str, list[Peer]] = {}
     groups: dict[tuple[str, tuple[int, ...], str], list[Case]] = {}
     for case in cases:
         groups.setdefault((case.op, case.shape, case.dtype), []).append(case)
     for (op, shape, dtype), group in groups.items():
         spec = specs[op]
-        if op not in peer_cache:
-            mine, missing[op] = opgate_impls(spec)
-            missing[op].update(unavailable(op))
-            others = drop_duplicates(peers_for(op, resolve(spec.reference, spec.root)), mine)
-            peer_cache[op] = {**mine, **{n: p for n, p in others.items() if not peers or n in peers}}
-        sample_fn = resolve(spec.samples, spec.root)
-        first = sample_fn(shape, DTYPES[dtype], device, torch.Generator().manual_seed(seed))
-        size = sum(t.untyped_storage().nbytes() for t in first.tensors())
-        samples = [first] + [
-            sample_fn(shape, DTYPES[dtype], device, torch.Generator().manual_seed(seed + i))
-            for i in range(1, rotation_count(size, l2))
-        ]
+        if op not in chosen:
+            every, missing[op] = peers_for(spec)
+            chosen[op] = [p for p in every if p.role != ROLE_PEER or not peers or p.name in peers]
+        samples = samples_for(spec, shape, dtype, device, seed=seed, l2=int(info["l2_bytes"]))
         for case in group:
-            records.append(
-                run_case(case, spec, peer_cache[op], samples, copy_gbps=ceil.copy_gbps, device=device)
+            record = time_case(
+                case, spec, chosen[op], samples, copy_gbps=ceil.copy_gbps, device=device, context=context
             )
-            print(summary_line(records[-1]), flush=True)
-        del samples, first
+            records.append(record)
+            print(summary_line(record), flush=True)
+        del samples
         torch.cuda.empty_cache()
     data = {
-        "info": info, "ceilings": ceil.to_json(), "timing": asdict(BENCH_TIMING),
-        "cases": records, "unavailable": missing, "wall_s": round(time.perf_counter() - t0, 1),
+        "format": FORMAT, "info": info, "ceilings": ceil.to_json(),
+        "timing": {**asdict(BENCH_TIMING), "method": METHOD}, "cases": records,
+        "unavailable": missing, "wall_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
-    from opgate.validators.perf.bench_md import markdown
-
-    write_outputs(out, "bench", data, markdown(data))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(data, indent=1) + "\n")
     return data
 
 
 def summary_line(record: Mapping[str, Any]) -> str:
     parts = [f"{n} {r['median_us']:.1f}us" for n, r in record["results"].items()]
-    shape = "x".join(map(str, record["shape"]))
-    return f"{record['op']} {shape} {record['dtype']} {record['direction']}: " + ", ".join(parts)
+    return f"{record['op']} {record['label']} {record['dtype']} {record['direction']}: " + ", ".join(parts)

@@ -1,27 +1,52 @@
-"""Who an opgate op is benchmarked against: aten, torch.compile of the reference, Liger-Kernel.
+"""Who an op is benchmarked against: the one definition of benchmark peers.
 
 Every peer is a callable with the op's *reference signature* (what its
-``sample_inputs`` feed), so the harness can call all of them on the same
-inputs.  An op's own ``ops/<op>/bench.py`` is reused: its ``impls()`` list
-(or a ``PEERS`` dict) supplies peers under normalised names
-(:func:`peer_name`), and they win over the generic ones here, so each peer
-has one definition, owned by the op's author; its ``problems()`` supplies the
-backward byte count where the spec declares none.
+``sample_inputs`` feed), so the harness calls all of them on the same inputs.
+A peer has a role, which the published table reads from the data:
 
-Peers that cannot run here (Liger not installed, a layout Liger does not
-take) are absent, with the reason in :func:`unavailable`.
+* ``opgate``  — the spec's own implementations (kind ``triton`` or ``cuda``,
+  the CUDA C++ one included), named ``opgate-<impl>``;
+* ``variant`` — ``opgate-<impl>-compiled``: ``torch.compile`` of that entry,
+  shown beside, judged against nobody;
+* ``peer``    — what opgate must beat: ``aten`` (the op written with stock
+  PyTorch ops, :data:`ATEN`), ``compile(reference)`` (Inductor on the spec's
+  reference) and ``liger`` (Liger-Kernel, through the adapters its op specs
+  are validated with: ``ops/external/liger/liger_adapters.py``).
+
+Adding a peer: one entry in :func:`peers_for` (CONTRIBUTING.md says where).
+Peers that cannot run here (Liger not installed, a CUDA extension on a CPU
+torch) are absent, with the reason in the second value :func:`peers_for`
+returns.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-Peer = Callable[..., Any]
+if TYPE_CHECKING:
+    from opgate.ops.spec import OpSpec
+
+OPGATE_PREFIX = "opgate-"
+ROLE_OPGATE, ROLE_VARIANT, ROLE_PEER = "opgate", "variant", "peer"
+ROLES = (ROLE_OPGATE, ROLE_VARIANT, ROLE_PEER)
+#: implementation kinds that are opgate's own kernels (an ``external`` one is a library's)
+FIRST_PARTY_KINDS = ("triton", "cuda")
+LIGER_ADAPTERS = "opgate.ops.external.liger.liger_adapters"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One timed callable of a benchmark: its column name, its role and the function."""
+
+    name: str
+    role: str
+    fn: Callable[..., Any]
 
 
 def _aten_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -61,7 +86,8 @@ def _aten_rope(
     return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
 
 
-ATEN: dict[str, Peer] = {
+#: The op written with stock PyTorch ops, as a model author would, by op name.
+ATEN: dict[str, Callable[..., Any]] = {
     "rms_norm": _aten_rms_norm,
     "fused_add_rms_norm": _aten_add_rms_norm,
     "silu_mul": _aten_silu_mul,
@@ -70,140 +96,52 @@ ATEN: dict[str, Peer] = {
 }
 
 
-def _liger(name: str) -> Any:
-    module = importlib.import_module("liger_kernel.transformers.functional")
-    return getattr(module, name)
-
-
-def _liger_rms_norm() -> Peer:
-    fn = _liger("liger_rms_norm")
-    return lambda x, w, eps=1e-6: fn(x, w, eps)
-
-
-def _liger_add_rms_norm() -> Peer:
-    fn = _liger("liger_fused_add_rms_norm")
-    return lambda x, residual, w, eps=1e-6: fn(x, residual, w, eps)
-
-
-def _liger_silu_mul() -> Peer:
-    fn: Peer = _liger("liger_swiglu")
-    return fn
-
-
-def _liger_layer_norm() -> Peer:
-    fn = _liger("liger_layer_norm")
-
-    def layer_norm(x: Any, w: Any, b: Any, eps: float = 1e-5, gelu: bool = False) -> Any:
-        if gelu:
-            raise NotImplementedError("Liger's layer_norm has no fused GELU")
-        return fn(x, w, b, eps)
-
-    return layer_norm
-
-
-def _liger_rope() -> Peer:
-    fn = _liger("liger_rope")
-
-    def rope(q: Any, k: Any, cos: Any, sin: Any, layout: str = "bshd") -> Any:
-        if layout != "bhsd":
-            raise NotImplementedError("Liger's rope takes (B, H, S, D) only")
-        return fn(q, k, cos if cos.dim() == 3 else cos[None], sin if sin.dim() == 3 else sin[None])
-
-    return rope
-
-
-_LIGER: dict[str, Callable[[], Peer]] = {
-    "rms_norm": _liger_rms_norm,
-    "fused_add_rms_norm": _liger_add_rms_norm,
-    "silu_mul": _liger_silu_mul,
-    "layer_norm": _liger_layer_norm,
-    "rope": _liger_rope,
-}
-
-
-def liger_peer(op: str) -> Peer | None:
-    """Liger-Kernel's function for ``op`` in the reference signature; None when unavailable."""
-    make = _LIGER.get(op)
-    if make is None:
-        return None
+def liger_peer(op: str) -> Callable[..., Any] | None:
+    """Liger-Kernel's function for ``op`` (its adapter of the same name); None when unavailable."""
     try:
-        return make()
-    except (ImportError, AttributeError):
-        return None
-
-
-def _bench_module(op: str) -> Any:
-    try:
-        return importlib.import_module(f"opgate.ops.{op}.bench")
+        adapters = importlib.import_module(LIGER_ADAPTERS)
     except ImportError:
         return None
+    fn = getattr(adapters, op, None)
+    return fn if callable(fn) else None
 
 
-def peer_name(name: str) -> str:
-    """An op bench's label as a column name: ``"aten F.rms_norm"`` -> ``"aten"``,
-    ``"liger (+F.gelu)"`` -> ``"liger"``, ``"opgate triton, compiled"`` -> ``"opgate-triton-compiled"``."""
-    low = name.strip().lower()
-    for family in ("aten", "liger"):
-        if low.startswith(family):
-            return family
-    return "-".join(low.replace(",", " ").split())
+def _first_party(spec: OpSpec) -> tuple[list[Peer], dict[str, str]]:
+    """opgate's implementations of ``spec`` and their compiled variants, or why each cannot load."""
+    from opgate.ops.spec import resolve
+
+    found: list[Peer] = []
+    missing: dict[str, str] = {}
+    for name, impl in spec.implementations.items():
+        if impl.kind not in FIRST_PARTY_KINDS:
+            continue
+        try:
+            importlib.import_module(impl.module)
+            entry = resolve(impl.entry, spec.root)
+        except Exception as exc:  # noqa: BLE001 - e.g. a CUDA extension that does not build here
+            missing[OPGATE_PREFIX + name] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            continue
+        found.append(Peer(OPGATE_PREFIX + name, ROLE_OPGATE, entry))
+        found.append(
+            Peer(f"{OPGATE_PREFIX}{name}-compiled", ROLE_VARIANT, torch.compile(entry, dynamic=False))
+        )
+    return found, missing
 
 
-def op_bench_peers(op: str) -> dict[str, Peer]:
-    """Peers defined by the op's author in ``ops/<op>/bench.py``: ``PEERS`` or its ``impls()`` list."""
-    module = _bench_module(op)
-    if module is None:
-        return {}
-    peers = getattr(module, "PEERS", None)
-    if isinstance(peers, dict):
-        return {str(k): v for k, v in peers.items() if callable(v)}
-    impls = getattr(module, "impls", None)
-    if not callable(impls):
-        return {}
-    return {peer_name(name): fn for name, fn in impls() if callable(fn)}
+def peers_for(spec: OpSpec) -> tuple[list[Peer], dict[str, str]]:
+    """Every peer of ``spec``'s op, in column order, and ``{name: why}`` for those left out."""
+    from opgate.ops.spec import resolve
 
-
-def op_bench_bytes(op: str, shape: tuple[int, ...], dtype: Any, dtype_name: str) -> tuple[Any, Any]:
-    """(forward, backward) bytes as ``ops/<op>/bench.py`` counts them (on meta tensors); Nones if absent."""
-    module = _bench_module(op)
-    problems = getattr(module, "problems", None) if module is not None else None
-    if not callable(problems):
-        return None, None
-    try:
-        problem = problems(tuple(shape), dtype, dtype_name, torch.device("meta"))
-    except Exception:  # noqa: BLE001 - an author's problems() that cannot run on meta tensors: no figure
-        return None, None
-    return getattr(problem, "fwd_bytes", None), getattr(problem, "bwd_bytes", None)
-
-
-def peers_for(op: str, reference: Peer) -> dict[str, Peer]:
-    """aten, compile(reference), liger (when importable), then the op author's peers on top.
-
-    The author's own entries for opgate's implementations (``opgate triton``) are
-    dropped: the harness takes those from the spec; other opgate variants
-    (``opgate triton, compiled``) stay.
-    """
-    found: dict[str, Peer] = {}
-    if op in ATEN:
-        found["aten"] = ATEN[op]
-    found["compile(reference)"] = torch.compile(reference, dynamic=False)
-    liger = liger_peer(op)
+    peers, missing = _first_party(spec)
+    if spec.op in ATEN:
+        peers.append(Peer("aten", ROLE_PEER, ATEN[spec.op]))
+    else:
+        missing["aten"] = f"no aten peer defined for {spec.op} (validators/perf/peers.py ATEN)"
+    reference = resolve(spec.reference, spec.root)
+    peers.append(Peer("compile(reference)", ROLE_PEER, torch.compile(reference, dynamic=False)))
+    liger = liger_peer(spec.op)
     if liger is not None:
-        found["liger"] = liger
-    found.update(op_bench_peers(op))
-    return found
-
-
-def drop_duplicates(peers: dict[str, Peer], own: dict[str, Peer]) -> dict[str, Peer]:
-    """``peers`` without the names the harness already has in ``own`` (the spec's implementations)."""
-    return {name: fn for name, fn in peers.items() if name not in own}
-
-
-def unavailable(op: str) -> dict[str, str]:
-    """Peers left out for ``op`` and why (shown under the table)."""
-    out = {}
-    if op not in ATEN:
-        out["aten"] = f"no aten peer defined for {op}"
-    if liger_peer(op) is None:
-        out["liger"] = "liger-kernel not importable (or has no function for this op)"
-    return out
+        peers.append(Peer("liger", ROLE_PEER, liger))
+    else:
+        missing["liger"] = f"liger-kernel not importable, or {LIGER_ADAPTERS} has no {spec.op}"
+    return peers, missing

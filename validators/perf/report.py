@@ -18,6 +18,11 @@ from typing import Any
 
 from opgate.matrix.errors import UsageError
 
+#: The one benchmark format: what ``opgate perf bench`` writes (``validators.perf.bench``) and
+#: ``opgate bench`` / ``publish --bench`` read (``reports.bench_table``).  Here because this
+#: module imports no torch, so the reports can import it too.
+BENCH_FORMAT = "opgate.bench/1"
+
 
 class GpuRequiredError(UsageError):
     """A perf command was started where no CUDA device is visible (exit code of a usage error)."""

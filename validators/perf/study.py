@@ -174,7 +174,7 @@ def _measure_shape(config: StudyConfig, shape: tuple[int, ...], fns: tuple[Any, 
     import torch
 
     from opgate.ops.base import DTYPES
-    from opgate.validators.perf.cost import shape_cost
+    from opgate.ops.cost import shape_cost
     from opgate.validators.perf.planted import Planted, extra_elements
     from opgate.validators.perf.timing import gpu_selector, read_clocks
 

@@ -2,7 +2,9 @@
 
 Liger-Kernel is validated from specs alone: these functions only translate
 argument conventions (no copies, no dtype changes, no behaviour of their own),
-so every verdict is Liger's.  Where Liger mutates an input in place by default
+so every verdict is Liger's.  ``opgate perf bench`` times the same functions as
+the ``liger`` peer of the opgate op of the same name
+(:func:`opgate.validators.perf.peers.liger_peer`).  Where Liger mutates an input in place by default
 (``in_place=True`` in its RMSNorm), the out-of-place mode is asked for, since
 opgate's contract is a functional op.
 """
@@ -21,6 +23,20 @@ from liger_kernel.transformers.functional import (
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     out: torch.Tensor = liger_rms_norm(x, w, eps, in_place=False)
+    return out
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * w, x + residual), as opgate::fused_add_rms_norm returns them.
+
+    Imported here, not above: Liger releases before its fused add-RMSNorm still
+    validate the other four ops.
+    """
+    from liger_kernel.transformers.functional import liger_fused_add_rms_norm
+
+    out: tuple[torch.Tensor, torch.Tensor] = liger_fused_add_rms_norm(x, residual, w, eps)
     return out
 
 

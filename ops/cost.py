@@ -1,4 +1,10 @@
-"""Bytes and FLOPs of one shape, from the spec's ``cost`` expressions, evaluated safely.
+"""Bytes and FLOPs of one shape, from the spec's ``cost`` expressions: the one parser and evaluator.
+
+Spec validation (:mod:`opgate.ops.spec`, at load time, before any work), the
+perf check, ``opgate perf bench`` and ``opgate inventory`` all go through this
+module, so an expression the schema accepts is one perf can evaluate: there is
+no second grammar to drift (``M ^ 2`` is refused at load, with file:line, not
+on the GPU).
 
 A spec is data written by op authors (and by third parties through
 ``--ops-path``), so its cost expressions are parsed with :mod:`ast` and only
@@ -74,6 +80,57 @@ def symbols_for(shape: Sequence[int], names: Sequence[str] | None = None) -> dic
     return dict(zip(names, dims, strict=True))
 
 
+#: The cost keys that hold expressions, and the direction each belongs to.
+EXPRESSION_KEYS = ("bytes", "flops", "backward_bytes", "backward_flops")
+DIRECTIONS = ("forward", "backward")
+
+
+def parse(text: str) -> ast.Expression:
+    """The syntax tree of one cost expression, refused unless it is plain arithmetic.
+
+    The same walk :func:`evaluate` does, without values: a node the evaluator
+    would reject (``^``, a call, a subscript) is rejected here, at spec load.
+    """
+    if not isinstance(text, str):
+        raise CostError(f"cost expression must be a string, got {type(text).__name__}")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise CostError(f"cost {text!r} is not an expression: {exc.msg}") from exc
+    for node in ast.walk(tree.body):
+        if not _allowed(node):
+            raise _not_allowed(node, text)
+    return tree
+
+
+def _allowed(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+    if isinstance(node, ast.BinOp):
+        return type(node.op) in _BINOPS
+    if isinstance(node, ast.UnaryOp):
+        return type(node.op) in _UNOPS
+    return isinstance(node, (ast.Name, ast.Load, ast.operator, ast.unaryop))
+
+
+def _not_allowed(node: ast.AST, text: str) -> CostError:
+    shown = node.op if isinstance(node, (ast.BinOp, ast.UnaryOp)) else node
+    piece = ast.unparse(node)
+    return CostError(
+        f"cost {text!r}: {type(shown).__name__} {piece!r} is not allowed "
+        "(only numbers, shape symbols, itemsize, + - * / // % ** and parentheses)"
+    )
+
+
+def check(text: str) -> str | None:
+    """The schema's check of one expression: None when :func:`parse` accepts it, else why not."""
+    try:
+        parse(text)
+    except CostError as exc:
+        return str(exc)
+    return None
+
+
 def _eval(node: ast.AST, env: Mapping[str, float], text: str) -> float:
     if isinstance(node, ast.Expression):
         return _eval(node.body, env, text)
@@ -101,22 +158,12 @@ def _eval(node: ast.AST, env: Mapping[str, float], text: str) -> float:
             raise CostError(f"cost {text!r}: division by zero") from exc
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNOPS:
         return float(_UNOPS[type(node.op)](_eval(node.operand, env, text)))
-    piece = ast.unparse(node)
-    raise CostError(
-        f"cost {text!r}: {type(node).__name__} {piece!r} is not allowed "
-        "(only numbers, shape symbols, itemsize, + - * / // % ** and parentheses)"
-    )
+    raise _not_allowed(node, text)
 
 
 def evaluate(text: str, env: Mapping[str, float]) -> float:
     """Value of one cost expression with ``env`` bound (symbols and ``itemsize``)."""
-    if not isinstance(text, str):
-        raise CostError(f"cost expression must be a string, got {type(text).__name__}")
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise CostError(f"cost {text!r} is not an expression: {exc.msg}") from exc
-    return _eval(tree, env, text)
+    return _eval(parse(text), env, text)
 
 
 def shape_cost(
@@ -126,7 +173,7 @@ def shape_cost(
 
     ``direction="backward"`` reads the optional ``backward_bytes`` / ``backward_flops`` keys.
     """
-    if direction not in ("forward", "backward"):
+    if direction not in DIRECTIONS:
         raise CostError(f"direction must be forward or backward, got {direction!r}")
     raw_symbols = cost.get("symbols")
     if isinstance(raw_symbols, str):
@@ -136,3 +183,28 @@ def shape_cost(
     keys = (f"{prefix}bytes", f"{prefix}flops")
     values = [evaluate(cost[key], env) if cost.get(key) else None for key in keys]
     return values[0], values[1]
+
+
+def problems(cost: Mapping[str, Any], shapes: Sequence[Sequence[int]]) -> list[tuple[str, str]]:
+    """(cost key, why) for every expression that cannot be evaluated on one of the spec's ``shapes``.
+
+    Run at spec load: an unknown symbol, a rank the symbols do not name, a
+    division by zero at a declared shape — all found before any cell runs,
+    with the key to point at.  One problem per key (the first shape that fails).
+    """
+    found: dict[str, str] = {}
+    raw_symbols = cost.get("symbols")
+    for shape in shapes:
+        try:
+            env = {**symbols_for(shape, raw_symbols), ITEMSIZE: 2.0}
+        except CostError as exc:
+            found.setdefault("symbols", f"shape {list(shape)}: {exc}")
+            continue
+        for key in EXPRESSION_KEYS:
+            if key in found or not cost.get(key):
+                continue
+            try:
+                evaluate(cost[key], env)
+            except CostError as exc:
+                found[key] = f"shape {list(shape)}: {exc}"
+    return list(found.items())

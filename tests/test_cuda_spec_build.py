@@ -1,0 +1,75 @@
+"""A CUDA C++ op builds what its spec declares: sources and arch policy come from spec.yaml only.
+
+``BUILT = load_for_spec(__name__)`` in ``ops/<op>/cuda_impl.py`` finds the
+implementation whose ``module`` is that module and builds its ``sources`` for
+its ``arch_policy`` under the same library name the build check uses, so the
+runtime binary and the inspected one cannot disagree.  Exercised on CPU with
+the build itself recorded instead of run (a CPU torch cannot build it; the GPU
+run builds it for real).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opgate.ops import _cuda_build
+from opgate.ops.spec import OPS_DIR, load_specs
+
+
+def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, file: Path) -> None:
+    module = types.ModuleType(name)
+    module.__file__ = str(file)
+    monkeypatch.setitem(sys.modules, name, module)
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(_cuda_build, "load_library", lambda *args: calls.append(args) or "built")
+    return calls
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "silu_mul"])
+def test_opgate_cuda_ops_build_their_specs_sources_and_arches(
+    monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    calls = _recorded(monkeypatch)
+    module = f"opgate.ops.{op}.cuda_impl"
+    _fake_module(monkeypatch, module, OPS_DIR / op / "cuda_impl.py")
+    assert _cuda_build.load_for_spec(module) == "built"
+    impl = load_specs()[op].implementations["cuda"]
+    assert calls == [
+        (f"opgate_{op}_cuda", impl.sources, impl.arch_policy["sass"], bool(impl.arch_policy.get("ptx")))
+    ]
+    assert _cuda_build.library_name(op, "cuda") == calls[0][0], "the build check's name"
+    assert "ARCHES" not in (OPS_DIR / op / "cuda_impl.py").read_text(), "no second arch list"
+
+
+def test_changing_the_spec_changes_the_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    folder = tmp_path / "rms_norm"
+    shutil.copytree(OPS_DIR / "rms_norm", folder)
+    spec = folder / "spec.yaml"
+    text = spec.read_text()
+    assert text.count("arch_policy: {sass: [sm_80, sm_90], ptx: false}") == 2
+    spec.write_text(text.replace("arch_policy: {sass: [sm_80, sm_90], ptx: false}\n    modes:",
+                                 "arch_policy: {sass: [sm_90], ptx: true}\n    modes:"))  # fmt: skip
+    calls = _recorded(monkeypatch)
+    _fake_module(monkeypatch, "opgate.ops.rms_norm.cuda_impl", folder / "cuda_impl.py")
+    _cuda_build.load_for_spec("opgate.ops.rms_norm.cuda_impl")
+    _, sources, sass, ptx = calls[0]
+    assert (sass, ptx) == (["sm_90"], True)
+    assert sources == [folder / "cuda/rms_norm_op.cpp", folder / "cuda/rms_norm_kernels.cu"]
+
+
+def test_a_module_no_implementation_names_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    _recorded(monkeypatch)
+    _fake_module(monkeypatch, "opgate.ops.rms_norm.other", OPS_DIR / "rms_norm" / "other.py")
+    with pytest.raises(
+        ValueError, match=r"expected one cuda implementation with module opgate\.ops\.rms_norm\.other"
+    ):
+        _cuda_build.load_for_spec("opgate.ops.rms_norm.other")
