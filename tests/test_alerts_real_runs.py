@@ -36,7 +36,11 @@ mode: [eager]
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ZOO), str(REPO)]), **(env or {})}
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(ZOO), os.environ.get("PYTHONPATH")))),
+        **(env or {}),
+    }
     return subprocess.run(
         [sys.executable, *args], cwd=REPO, env=full_env, capture_output=True, text=True, check=False
     )

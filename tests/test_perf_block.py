@@ -44,7 +44,11 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def tiny() -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(ROOT)))),
+    }
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT],
         capture_output=True,
