@@ -33,9 +33,10 @@ def _parser() -> argparse.ArgumentParser:
         dest="inputs",
         action="append",
         type=Path,
-        required=True,
+        default=[],
         metavar="DIR",
-        help="a run or shard folder holding results.json (repeatable)",
+        help="a run or shard folder holding results.json (repeatable; none with --manifest: "
+        "every planned shard is missing)",
     )
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument(
@@ -110,6 +111,8 @@ def _emit(text: str, out: Path | None) -> None:
 
 
 def _publish(args: argparse.Namespace) -> int:
+    if not args.inputs and args.manifest is None:
+        raise UsageError("publish needs at least one --in DIR (or a --manifest to check against)")
     publish(
         args.inputs,
         args.out,
