@@ -1,7 +1,7 @@
 """index.html: the dashboard of one compat document, which it loads from ``compat.json`` beside it.
 
 The page holds no verdicts.  Its script fetches ``compat.json`` from the same
-folder, so the published page stays ~150 KB however large the matrix grows,
+folder, so the published page stays under 200 KB however large the matrix grows,
 and the one file every tool reads is the one file the page reads.  What the
 page needs besides the data, and what only Python knows (column labels with
 the GPU that ran them, verdict buckets and glyphs, the severity order, the
