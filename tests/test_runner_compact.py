@@ -113,7 +113,10 @@ def test_a_rerun_record_is_compacted_inside() -> None:
     ]
 
 
-def test_publish_reads_the_same_from_either_form(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_publish_reads_the_same_from_either_form(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")  # both publishes stamped alike
     compact_runs([runs["cpu"], runs["gpu"]], tmp_path / "kept")
     full = publish([runs["cpu"], runs["gpu"]], tmp_path / "pub-full")
     kept = publish([tmp_path / "kept" / "cpu", tmp_path / "kept" / "gpu"], tmp_path / "pub-kept")

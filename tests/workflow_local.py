@@ -127,10 +127,10 @@ class LocalRunner:
         env = {**base_env, **expand(step.get("env") or {}, contexts)}
         out_file = self.workspace.parent / "github_output"
         summary = self.workspace.parent / "step_summary"
-        out_file.writetext_of("")
+        out_file.write_text("")
         summary.touch()
         script = self.workspace.parent / "step.sh"
-        script.writetext_of(str(step["run"]))
+        script.write_text(str(step["run"]))
         cwd = self.workspace / str(step.get("working-directory", "."))
         full_env = {
             **os.environ,
@@ -145,7 +145,7 @@ class LocalRunner:
             ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
             cwd=cwd, env=full_env, capture_output=True, text=True, timeout=900, check=False,
         )  # fmt: skip
-        outputs = dict(line.split("=", 1) for line in out_file.readtext_of().splitlines() if "=" in line)
+        outputs = dict(line.split("=", 1) for line in out_file.read_text().splitlines() if "=" in line)
         return outputs, done.returncode == 0, done.stdout + done.stderr
 
     def action(self, name: str, args: Mapping[str, Any]) -> tuple[bool, str]:
