@@ -6,14 +6,16 @@ stage — including the plan job on a bare CI runner — starts here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from opgate.matrix.cell import Cell
+    from opgate.matrix.config import MatrixConfig
+    from opgate.ops.spec import OpSpec
 
-__all__ = ["installed_torch", "load_cells", "narrow"]
+__all__ = ["expand_torches", "installed_torch", "load_cells", "narrow"]
 
 
 def installed_torch() -> str:
@@ -31,21 +33,34 @@ def load_cells(
     ops_paths: Sequence[Path] = (),
     select: Sequence[str] = (),
     skip: Sequence[str] = (),
-    torch_version: str | None = None,
+    torch_version: str | Sequence[str] | None = None,
 ) -> list[Cell]:
     """Config + discovered specs -> cells, with command-line ``select``/``skip`` applied last.
 
     ``torch_version`` stands in for the installed torch (a plan made on a
     machine without the shard's torch); by default it is read from metadata.
-    Raises ``SelectionEmpty`` when the command-line globs leave nothing.
+    Several versions expand the matrix once for each (a CI plan for several torch
+    releases).  Raises ``SelectionEmpty`` when the command-line globs leave nothing.
     """
     from opgate.matrix.config import load_config
-    from opgate.matrix.expand import expand
     from opgate.ops.spec import load_specs
 
     config = load_config(config_path)
-    cells = expand(config, load_specs(ops_paths), torch_version or installed_torch())
-    return narrow(cells, select, skip)
+    return narrow(expand_torches(config, load_specs(ops_paths), torch_version), select, skip)
+
+
+def expand_torches(
+    config: MatrixConfig, specs: Mapping[str, OpSpec], torch: str | Sequence[str] | None
+) -> list[Cell]:
+    """The matrix expanded with each torch version standing in for ``installed``, each cell once."""
+    from opgate.matrix.expand import expand
+
+    versions = [torch] if isinstance(torch, str) else list(torch or []) or [installed_torch()]
+    cells: dict[str, Cell] = {}
+    for version in versions:
+        for cell in expand(config, specs, version):
+            cells.setdefault(cell.id, cell)
+    return list(cells.values())
 
 
 def narrow(cells: Sequence[Cell], select: Sequence[str] = (), skip: Sequence[str] = ()) -> list[Cell]:

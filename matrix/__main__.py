@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from opgate.matrix import installed_torch, load_cells, narrow
+from opgate.matrix import expand_torches, load_cells, narrow
 from opgate.matrix.errors import OpgateError, UsageError
 
 
@@ -32,9 +33,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip", action="append", default=[], metavar="GLOB", help="drop matching cell ids")
     parser.add_argument(
         "--torch",
-        default=None,
+        action="append",
+        default=[],
         metavar="VERSION",
-        help="torch version standing in for 'installed' (default: metadata)",
+        help="torch version standing in for 'installed' (default: metadata); repeat for several",
     )
 
 
@@ -59,7 +61,36 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--manifest", type=Path, default=None, metavar="FILE", help="write shard names + cell ids"
     )
+    plan.add_argument(
+        "--runner",
+        action="append",
+        default=[],
+        metavar="ARCH=LABEL,...",
+        help="runner labels for an arch, instead of the matrix file's runners: (repeatable)",
+    )
     return parser
+
+
+def _runners(
+    config_runners: Mapping[str, Sequence[str]], overrides: Sequence[str]
+) -> dict[str, tuple[str, ...]]:
+    """The matrix file's ``runners:`` with each ``--runner ARCH=LABEL,...`` replacing its arch's labels."""
+    from opgate.matrix.cell import ARCHES
+
+    runners = {arch: tuple(labels) for arch, labels in config_runners.items()}
+    for text in overrides:
+        arch, _, labels = text.partition("=")
+        names = tuple(label.strip() for label in labels.split(",") if label.strip())
+        if (
+            arch.strip() not in ARCHES
+            or not names
+            or not all(re.fullmatch(r"[A-Za-z0-9_.-]+", n) for n in names)
+        ):
+            raise UsageError(
+                f"--runner {text!r}: expected ARCH=LABEL[,LABEL...] with ARCH one of {', '.join(ARCHES)}"
+            )
+        runners[arch.strip()] = names
+    return runners
 
 
 def _list(args: argparse.Namespace) -> str:
@@ -72,17 +103,17 @@ def _list(args: argparse.Namespace) -> str:
 def _plan(args: argparse.Namespace) -> str:
     from opgate.matrix import plan as planmod
     from opgate.matrix.config import load_config
-    from opgate.matrix.expand import expand
     from opgate.ops.spec import load_specs
 
     if args.target_s is not None and args.target_s <= 0:
         raise UsageError(f"--target-s {args.target_s}: must be > 0")
     config = load_config(args.config)
-    universe = expand(config, load_specs(args.ops_path), args.torch or installed_torch())
+    runners = _runners(config.runners, args.runner)
+    universe = expand_torches(config, load_specs(args.ops_path), args.torch)
     cells = narrow(universe, args.select, args.skip)
     plan = planmod.make_plan(
         cells,
-        config.runners,
+        runners,
         universe=universe,
         max_jobs=planmod.DEFAULT_MAX_JOBS if args.max_jobs is None else args.max_jobs,
         history=planmod.load_history(args.history) if args.history else None,

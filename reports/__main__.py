@@ -33,9 +33,10 @@ def _parser() -> argparse.ArgumentParser:
         dest="inputs",
         action="append",
         type=Path,
-        required=True,
+        default=[],
         metavar="DIR",
-        help="a run or shard folder holding results.json (repeatable)",
+        help="a run or shard folder holding results.json (repeatable; none with --manifest: "
+        "every planned shard is missing)",
     )
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument(
@@ -71,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--format", choices=("md", "json"), default="md")
     d.add_argument("--out", type=Path, help="write here instead of stdout")
     d.add_argument("--report-url", default="", help="link to the full report, shown in the Markdown")
+    d.add_argument(
+        "--dashboard-url", default="", help="the published index.html: cell ids link to their evidence"
+    )
     d.add_argument("--fail-on-regression", action="store_true", help="exit 1 on new failures/fallbacks/perf")
     d.add_argument("--max-bytes", type=int, default=diff_md.DEFAULT_BUDGET, help="Markdown size budget")
     d.add_argument("--alpha", type=float, default=PerfRule.alpha, help="perf rule: significance level")
@@ -86,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--platform", choices=sorted(PLATFORMS), required=True)
     a.add_argument("--run-id", help="dedup key part (default: $GITHUB_RUN_ID)")
     a.add_argument("--report-url", default="", help="link to the full report")
+    a.add_argument(
+        "--dashboard-url", default="", help="the published index.html: each cell links to its evidence"
+    )
     a.add_argument("--state", type=Path, help="JSON file remembering what was already sent")
     a.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP attempt")
     a.add_argument("--attempts", type=int, default=4, help="HTTP attempts (>= 1)")
@@ -104,6 +111,8 @@ def _emit(text: str, out: Path | None) -> None:
 
 
 def _publish(args: argparse.Namespace) -> int:
+    if not args.inputs and args.manifest is None:
+        raise UsageError("publish needs at least one --in DIR (or a --manifest to check against)")
     publish(
         args.inputs,
         args.out,
@@ -124,7 +133,7 @@ def _diff(args: argparse.Namespace) -> int:
     if args.format == "json":
         text = diff_mod.dumps(result)
     else:
-        text = diff_md.render(result.to_json(), args.report_url, args.max_bytes)
+        text = diff_md.render(result.to_json(), args.report_url, args.max_bytes, args.dashboard_url)
     _emit(text, args.out)
     if args.fail_on_regression and result.regression_count:
         raise CellsFailed(f"{result.regression_count} regression(s) between {args.base} and {args.head}")
@@ -155,6 +164,7 @@ def _alert(args: argparse.Namespace) -> int:
         os.environ,
         run_id=args.run_id,
         report_url=args.report_url,
+        dashboard_url=args.dashboard_url,
         state_path=args.state,
         policy=policy,
     )

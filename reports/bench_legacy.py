@@ -3,7 +3,7 @@
 Before ``opgate perf bench`` was the only harness, each ``ops/<op>/bench.py``
 wrote ``{"meta", "op", "rows"}`` with free-text implementation labels
 (``"aten F.rms_norm"``, ``"opgate triton, compiled"``), ``fwd``/``bwd`` and
-``host-*`` rows.  The committed H200 results (reports/runs/h200-bench/) were
+``host-*`` rows.  The committed H200 results (results/runs/h200-bench/) were
 converted with this module; it is kept so anyone holding such files can do the
 same::
 

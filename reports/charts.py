@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from opgate.reports.perf import MIN_ROOFLINE_US, roofline_shown
+
 BAR_W = 260
 ROW_H = 22
 LABEL_W = 330
@@ -66,12 +68,21 @@ def bars(op: str, series: Sequence[Mapping[str, Any]]) -> str:
                 f'<line x1="{bx:.1f}" x2="{bx:.1f}" y1="{y - 2}" y2="{y + ROW_H - 6}" class="baseline">'
                 f"<title>{escape(name)}: {_fmt(float(baseline['gbps']))} GB/s</title></line>"
             )
-        pct = run.get("roofline_pct")
+        pct = roofline_shown(run)
+        x0 = LABEL_W + BAR_W + 70
         if pct is not None:
-            x0 = LABEL_W + BAR_W + 70
             w = BAR_W * min(pct, 100.0) / 100.0 * 0.6
             parts.append(_bar(x0, y, w, "bar-roof", f"{label}: {pct:.1f}% of roofline"))
             parts.append(f'<text x="{x0 + w + 4:.1f}" y="{y + 11}" class="value">{pct:.0f}%</text>')
+        elif run.get("roofline_pct") is not None:
+            why = (
+                f"{label}: its bytes and FLOPs take {_fmt(float(run['ideal_us']))} us at the measured "
+                f"ceilings, under {MIN_ROOFLINE_US:.0f} us: the launch, not the kernel, sets its time"
+            )
+            parts.append(
+                f'<text x="{x0}" y="{y + 11}" class="value na">n/a (shape too small)'
+                f"<title>{escape(why)}</title></text>"
+            )
     parts.append("</svg>")
     return "".join(parts)
 

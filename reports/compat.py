@@ -25,7 +25,7 @@ from opgate.matrix.errors import ResultsFormatError
 from opgate.reports.merge import Entry, Merged
 from opgate.reports.perf import HISTORY_LIMIT, SAMPLES_KEPT, series_from_results, with_history
 from opgate.validators.env import Fingerprint, FingerprintError
-from opgate.validators.result import CellResult
+from opgate.validators.result import CellResult, compact_record, dumps_one_record_per_line
 
 COMPAT_SCHEMA_VERSION = 1
 SCHEMA_DIR = Path(__file__).parent / "schema"
@@ -76,7 +76,11 @@ class Compat:
             "generated_at": self.generated_at,
             "sources": self.sources,
             "environments": self.environments,
-            "cells": [{**e.result.to_json(), "env_key": e.env_key} for e in self.entries],
+            # the compact record: evidence of red checks, no env (``environments[env_key]`` holds it)
+            "cells": [
+                {**compact_record(e.result.to_json(), self.environments.get(e.env_key)), "env_key": e.env_key}
+                for e in self.entries
+            ],
             "perf": self.perf,
         }
 
@@ -128,8 +132,9 @@ def from_document(doc: Mapping[str, Any], where: str) -> Compat:
     validate_document(doc, where)
     _check_environments(doc["environments"], where)
     entries = []
+    environments = doc["environments"]
     for record in doc["cells"]:
-        result = CellResult.from_json(record)
+        result = CellResult.from_json({"env": environments.get(record["env_key"], {}), **record})
         entries.append(Entry(result, str(record["env_key"]), where))
     return Compat(
         generated_at=str(doc["generated_at"]),
@@ -157,7 +162,10 @@ def load(path: Path) -> Compat:
 
 
 def dumps(compat: Compat) -> str:
-    """Validated JSON text of a compat document (validation on write, not only on read)."""
+    """Validated JSON text of a compat document (validation on write, not only on read).
+
+    One cell record per line: a republish that changes a few verdicts changes a few lines.
+    """
     doc = compat.to_json()
     validate_document(doc, "compat.json (being written)")
-    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+    return dumps_one_record_per_line(doc, "cells") + "\n"

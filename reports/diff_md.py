@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opgate.reports.view import cell_url
+
 STEP_SUMMARY_LIMIT = 1024 * 1024
 DEFAULT_BUDGET = STEP_SUMMARY_LIMIT - 24 * 1024  # headroom for other steps' summaries
 
@@ -30,15 +32,22 @@ def _esc(text: Any) -> str:
     return text.replace("|", "\\|")
 
 
-def _change_row(c: Mapping[str, Any]) -> str:
+def _cell(cell_id: str, dashboard_url: str) -> str:
+    """The cell id, linked to its evidence on the published dashboard when there is one."""
+    return f"[`{cell_id}`]({cell_url(dashboard_url, cell_id)})" if dashboard_url else f"`{cell_id}`"
+
+
+def _change_row(c: Mapping[str, Any], dashboard_url: str = "") -> str:
     reason = _esc(c.get("reason") or "")
-    return f"| `{c['cell']}` | {_esc(c['device'])} | {c['base'] or '—'} → {c['head'] or '—'} | {reason} |"
+    cell = _cell(c["cell"], dashboard_url)
+    return f"| {cell} | {_esc(c['device'])} | {c['base'] or '—'} → {c['head'] or '—'} | {reason} |"
 
 
-def _perf_row(r: Mapping[str, Any]) -> str:
+def _perf_row(r: Mapping[str, Any], dashboard_url: str = "") -> str:
     return (
-        f"| `{r['cell']}` | {_esc(r['gpu'])} | {_esc(r['shape'])} | {r['base_median_us']:.1f} us | "
-        f"{r['head_median_us']:.1f} us | {r['change'] * 100:+.1f}% | {r['p_value']:.1e} |"
+        f"| {_cell(r['cell'], dashboard_url)} | {_esc(r['gpu'])} | {_esc(r['shape'])} | "
+        f"{r['base_median_us']:.1f} us | {r['head_median_us']:.1f} us | {r['change'] * 100:+.1f}% | "
+        f"{r['p_value']:.1e} |"
     )
 
 
@@ -50,8 +59,13 @@ _HEADERS = {
 _CHANGE_HEADER = "| cell | device | base → head | reason |\n|---|---|---|---|"
 
 
-def render(doc: Mapping[str, Any], report_url: str = "", budget: int = DEFAULT_BUDGET) -> str:
-    """Markdown for a JSON diff document, never longer than ``budget`` bytes (UTF-8)."""
+def render(
+    doc: Mapping[str, Any], report_url: str = "", budget: int = DEFAULT_BUDGET, dashboard_url: str = ""
+) -> str:
+    """Markdown for a JSON diff document, never longer than ``budget`` bytes (UTF-8).
+
+    ``dashboard_url``: the published index.html; each cell id links to its evidence there.
+    """
     summary = doc["summary"]
     rule = doc["rule"]
     counts = " · ".join(f"{title} **{summary.get(key, 0)}**" for key, title in _SECTIONS)
@@ -94,7 +108,7 @@ def render(doc: Mapping[str, Any], report_url: str = "", budget: int = DEFAULT_B
         used += len(header.encode()) + 1
         render_row = _perf_row if key == "perf_regressions" else _change_row
         for shown, row in enumerate(rows):
-            line = render_row(row) + "\n"
+            line = render_row(row, dashboard_url) + "\n"
             if used + len(line.encode()) + reserve > budget:
                 where = f" at {report_url}" if report_url else " in the JSON diff"
                 out += f"\n… {len(rows) - shown} more row(s) left out; see the full list{where}.\n"

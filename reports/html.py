@@ -1,13 +1,22 @@
-"""index.html: a static, self-contained dashboard of one compat document.
+"""index.html: the dashboard of one compat document, which it loads from ``compat.json`` beside it.
 
-One file, no network: CSS and JS are inlined from ``reports/static``, the data
-sits in a ``<script type="application/json">`` block, perf charts are inline
-SVG.  It opens from a CI artifact, a release asset or a local disk alike.
+The page holds no verdicts.  Its script fetches ``compat.json`` from the same
+folder, so the published page stays under 200 KB however large the matrix grows,
+and the one file every tool reads is the one file the page reads.  What the
+page needs besides the data, and what only Python knows (column labels with
+the GPU that ran them, verdict buckets and glyphs, the severity order, the
+modes), sits in a small inline ``layout`` block; the summary table and the
+perf charts are rendered here, at publish time.
 
-The data block is the one injection risk: a reason or kernel name containing
-``</script>`` (or ``<!--``) would end the block early.  :func:`embed_json`
-escapes ``<``, ``>`` and ``&`` as JSON unicode escapes, which ``JSON.parse``
-reads back unchanged; the page renders every string through ``textContent``.
+Opened from ``file://``, browsers refuse ``fetch`` of a neighbouring file.
+The page then says so and offers a file picker for ``compat.json`` (a
+``FileReader`` may read a file the user chose), besides the command that
+serves the folder over HTTP.
+
+The layout block is the one injection risk: a column label holding
+``</script>`` would end it early.  :func:`embed_json` escapes ``<``, ``>``
+and ``&`` as JSON unicode escapes, which ``JSON.parse`` reads back
+unchanged; the script renders every string through ``textContent``.
 """
 
 from __future__ import annotations
@@ -17,22 +26,31 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from opgate.matrix.cell import MODES
 from opgate.reports.charts import perf_section
-from opgate.reports.compat import Compat
+from opgate.reports.compat import COMPAT_SCHEMA_VERSION, Compat
 from opgate.reports.envs import column_of
 from opgate.reports.view import (
+    BUCKETS,
+    CELL_ANCHOR,
     GLYPHS,
+    SEVERITY,
     bucket,
     columns,
     counts,
     format_counts,
-    one_line_reason,
     resolved,
     row_of,
 )
 from opgate.validators.env import Fingerprint
+from opgate.validators.result import Verdict
 
 STATIC = Path(__file__).parent / "static"
+#: Inlined in this order: the evidence renderer is used by the dashboard script.
+SCRIPTS = ("evidence.js", "dashboard.js")
+DATA_FILE = "compat.json"
+#: The command the page shows for viewing a published folder over HTTP.
+SERVE_HINT = "python3 -m http.server --directory DIR 8000   # then open http://localhost:8000/"
 
 
 def embed_json(data: Any) -> str:
@@ -43,38 +61,32 @@ def embed_json(data: Any) -> str:
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
-def page_data(compat: Compat) -> dict[str, Any]:
-    """What the page's script needs: one record per (cell, environment), plus labels."""
+def _axes_key(torch: str, cuda: str, arch: str) -> str:
+    return f"{torch}|{cuda}|{arch}"
+
+
+def layout(compat: Compat) -> dict[str, Any]:
+    """What the page's script needs besides compat.json: labels and orders only Python knows."""
     cols = columns(compat.entries, compat.environments)
-    cells = []
-    for entry in compat.entries:
-        result = entry.result
-        cells.append(
-            {
-                "id": result.id,
-                "row": row_of(result),
-                "axes": result.cell.axes(),
-                "column": column_of(result.cell),
-                "env_key": entry.env_key,
-                "verdict": result.verdict.value,
-                "bucket": bucket(result.verdict),
-                "reason": one_line_reason(result, limit=500),
-                "checks": [c.to_json() for c in result.checks],
-                "kernels": result.kernels,
-                "repro": result.repro,
-                "duration_s": round(result.duration_s, 3),
-                "seed": result.seed,
-                "attempts": result.attempts,
-            }
-        )
+    column_of_axes = {
+        _axes_key(e.result.cell.torch, e.result.cell.cuda, e.result.cell.arch): column_of(e.result.cell)
+        for e in compat.entries
+    }
     return {
+        "data": DATA_FILE,
+        "schema_version": COMPAT_SCHEMA_VERSION,
         "generated_at": compat.generated_at,
+        "cells": len(compat.entries),
         "columns": [{"name": c.name, "label": c.label} for c in cols.values()],
-        "environments": {
-            k: {"gpu": Fingerprint.from_json(v).gpu_name or "", "fingerprint": v}
-            for k, v in compat.environments.items()
-        },
-        "cells": cells,
+        "column_of": dict(sorted(column_of_axes.items())),
+        "gpus": {key: Fingerprint.from_json(fp).gpu_name or "" for key, fp in compat.environments.items()},
+        "buckets": {v.value: bucket(v) for v in Verdict},
+        "bucket_order": list(BUCKETS),
+        "glyphs": dict(GLYPHS),
+        "severity": [v.value for v in SEVERITY],
+        "modes": list(MODES),
+        "anchor": CELL_ANCHOR,
+        "serve_hint": SERVE_HINT,
     }
 
 
@@ -96,26 +108,31 @@ def _summary_table(compat: Compat) -> str:
     )
 
 
+def _static(name: str) -> str:
+    return (STATIC / name).read_text(encoding="utf-8")
+
+
 def render(compat: Compat, block_section: str = "") -> str:
     """The whole page; ``block_section``: the decoder-block comparison's HTML, when published."""
-    css = (STATIC / "dashboard.css").read_text()
-    js = (STATIC / "dashboard.js").read_text()
+    js = "\n".join(_static(name) for name in SCRIPTS)
     title = f"opgate compatibility matrix · {compat.generated_at}"
+    block = f'<section id="block"><h2>End to end: decoder block</h2>{block_section}</section>'
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; \
-script-src 'unsafe-inline'; img-src data:">
+script-src 'unsafe-inline'; img-src data:; connect-src 'self'">
 <title>{escape(title)}</title>
-<style>{css}</style>
+<style>{_static("dashboard.css")}</style>
 </head>
 <body>
 <header>
 <h1>opgate compatibility matrix</h1>
 <p class="muted">Published {escape(compat.generated_at)} · {len(compat.entries)} verdicts in \
-{len(compat.environments)} environment(s). Click a cell for its evidence.</p>
+{len(compat.environments)} environment(s). Click a cell for its evidence; every cell has a link \
+of its own (<code>index.html#{escape(CELL_ANCHOR)}CELL-ID</code>).</p>
 </header>
 <main>
 <section id="summary"><h2>Summary</h2>{_summary_table(compat)}
@@ -123,15 +140,16 @@ script-src 'unsafe-inline'; img-src data:">
 flaky · – untested here · ⊘ declared unsupported. "(binary only)": arch verified in the binary \
 (build cells), no such GPU ran; a GPU name: runtime cells ran on that GPU.</p></section>
 <section id="matrix-section"><h2>Matrix</h2>
+<div id="load-status" data-state="loading" role="status">Loading {DATA_FILE}…</div>
 <form id="filters" autocomplete="off"></form>
 <p id="count" class="muted"></p>
 <div id="matrix-wrap"><table id="matrix"></table></div>
 </section>
 <aside id="details" hidden aria-live="polite"></aside>
 <section id="perf"><h2>Performance</h2>{perf_section(compat.perf)}</section>
-{f'<section id="block"><h2>End to end: decoder block</h2>{block_section}</section>' if block_section else ""}
+{block if block_section else ""}
 </main>
-<script type="application/json" id="opgate-data">{embed_json(page_data(compat))}</script>
+<script type="application/json" id="opgate-layout">{embed_json(layout(compat))}</script>
 <script>{js}</script>
 </body>
 </html>

@@ -41,6 +41,11 @@ from opgate.validators.result import CellResult
 PERF_CHECK = "perf"
 HISTORY_LIMIT = 30
 SAMPLES_KEPT = 3
+#: Shortest ideal time (the shape's bytes and FLOPs at the run's measured ceilings) for which a
+#: share of the roofline means anything.  Below it a launch costs more than the traffic: on the
+#: H200, aten's rms_norm at 8x4096 takes 10.3 us for 0.03 us of bytes, so "0.3% of roofline"
+#: would grade the launch, not the kernel.  Such points say "n/a (shape too small)".
+MIN_ROOFLINE_US = 10.0
 
 
 def shape_label(shape: Any) -> str:
@@ -64,7 +69,33 @@ def _num(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _run_record(point: Mapping[str, Any], run: str) -> dict[str, Any] | None:
+def ideal_us(point: Mapping[str, Any], ceilings: Mapping[str, Any]) -> float | None:
+    """The point's time at the measured copy and GEMM ceilings (the slower of the two bounds)."""
+    bounds = []
+    nbytes, gbps = _num(point.get("bytes")), _num(ceilings.get("copy_gbps"))
+    if nbytes is not None and gbps:
+        bounds.append(nbytes / (gbps * 1e3))
+    flops, tflops = _num(point.get("flops")), _num(ceilings.get("gemm_tflops"))
+    if flops is not None and tflops:
+        bounds.append(flops / (tflops * 1e6))
+    return max(bounds) if bounds else None
+
+
+def roofline_shown(record: Mapping[str, Any]) -> float | None:
+    """The roofline share a report shows: ``None`` when unknown or the shape is too small to tell.
+
+    A record from before ``ideal_us`` was kept shows its share as it was measured.
+    """
+    pct = _num(record.get("roofline_pct"))
+    ideal = _num(record.get("ideal_us"))
+    if pct is None or (ideal is not None and ideal < MIN_ROOFLINE_US):
+        return None
+    return pct
+
+
+def _run_record(
+    point: Mapping[str, Any], run: str, ceilings: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     """Normalise one perf point; ``None`` when it carries no usable time."""
     med = _num(point.get("median_us"))
     if med is None and (ms := _num(point.get("median_ms"))) is not None:
@@ -85,6 +116,8 @@ def _run_record(point: Mapping[str, Any], run: str) -> dict[str, Any] | None:
     # validators.checks.perf records the share of the measured copy ceiling as ``pct_copy``
     if "roofline_pct" not in record and (pct := _num(point.get("pct_copy"))) is not None:
         record["roofline_pct"] = pct
+    if (ideal := ideal_us(point, ceilings or {})) is not None:
+        record["ideal_us"] = ideal
     if clean:
         record["samples_us"] = clean
     baseline = point.get("baseline")
@@ -103,10 +136,12 @@ def series_from_results(
         if check is None or not result.verdict.ran:
             continue
         points = check.details.get("points", check.details.get("shapes"))
+        ceilings = check.details.get("ceilings")
+        ceilings = ceilings if isinstance(ceilings, Mapping) else {}
         for point in points if isinstance(points, list) else []:
             if not isinstance(point, Mapping):
                 continue
-            record = _run_record(point, run)
+            record = _run_record(point, run, ceilings)
             if record is None:
                 continue
             axes = result.cell.axes()

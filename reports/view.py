@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from opgate.reports.envs import column_of, column_sort_key
 from opgate.reports.merge import Entry
@@ -48,6 +49,15 @@ SEVERITY: tuple[Verdict, ...] = (
 )
 BUILD_MODE = "build"
 REASON_MAX = 200
+#: A cell's own link on the dashboard is ``index.html#cell=<cell id>``: stable (the id is), and
+#: what PR comments and alerts point at (:func:`cell_url`).
+CELL_ANCHOR = "cell="
+
+
+def cell_url(dashboard_url: str, cell_id: str) -> str:
+    """The link that opens one cell's evidence on the published dashboard at ``dashboard_url``."""
+    base = dashboard_url.split("#", 1)[0]
+    return f"{base}#{CELL_ANCHOR}{quote(cell_id, safe='')}"
 
 
 def bucket(verdict: Verdict) -> str:

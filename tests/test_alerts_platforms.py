@@ -250,3 +250,17 @@ def test_diff_without_regressions_sends_nothing(diff_doc: dict[str, Any], tmp_pa
         assert send(quiet, "slack", env, run_id="1", log=log) == 0
         assert receiver.requests == []
     assert "nothing new" in log.getvalue()
+
+
+def test_each_item_links_its_cell_when_the_dashboard_is_known(diff_doc: dict[str, Any]) -> None:
+    from opgate.reports.alerts.message import from_diff
+    from opgate.reports.alerts.webhook import payload
+
+    dashboard = "https://o.github.io/r/"
+    alert = from_diff(diff_doc, "42", REPORT_URL, dashboard)
+    failure = next(i for i in alert.items if i.cell == NEW_FAILURE)
+    assert failure.text.endswith(f" {dashboard}#cell={NEW_FAILURE}")
+    assert payload(alert, len(alert.items))["items"][0]["url"].startswith(dashboard + "#cell=")
+    plain = from_diff(diff_doc, "42", REPORT_URL)
+    assert all("#cell=" not in i.text and "url" not in i.to_json() for i in plain.items)
+    assert [i.dedup_key for i in plain.items] == [i.dedup_key for i in alert.items]

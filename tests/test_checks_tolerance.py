@@ -125,3 +125,24 @@ def test_non_tensor_op_output_fails() -> None:
     c = compare_tensor(3.0, o, o, RULE)
     assert not c.passed
     assert "not a tensor" in c.problem
+
+
+def test_the_worst_elements_values_are_recorded_as_json_can_hold_them() -> None:
+    o = oracle()
+    ref = shifted(o, (1, 1), 1e-3)
+    failed = compare_tensor(shifted(o, (2, 2), 0.5), ref, o, RULE)
+    assert failed.worst_index == (2, 2)
+    assert failed.details()["worst_values"] == {
+        "op": pytest.approx(float(o[2, 2]) + 0.5),
+        "reference": float(o[2, 2]),
+        "oracle": float(o[2, 2]),
+    }
+    # a correct op still says where it is furthest off, and by how little
+    ok = compare_tensor(ref.clone(), ref, o, RULE).details()
+    assert ok["worst_index"] == [1, 1]
+    assert ok["worst_values"]["op"] == ok["worst_values"]["reference"] == pytest.approx(float(o[1, 1]) + 1e-3)
+    nan = o.clone()
+    nan[3, 4] = float("nan")
+    values = compare_tensor(nan, o.clone(), o, RULE).details()["worst_values"]
+    assert values["op"] == "nan"
+    assert isinstance(values["oracle"], float)

@@ -1,6 +1,6 @@
 """Writer and readers agree on the environment key of every committed run.
 
-The runs under reports/runs/ were written by real validator runs (CPU runners,
+The runs under results/runs/ were written by real validator runs (CPU runners,
 an H200).  Each results.json records the key its writer computed; the reports
 read the same record back with the one :class:`Fingerprint` type, merge on its
 key and publish it: all three must be the same string, for every cell of every
@@ -20,8 +20,8 @@ from opgate.validators.env import Fingerprint, env_key
 from opgate.validators.result import RunResults
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = sorted(p.parent for p in (ROOT / "reports" / "runs").glob("*/results.json"))
-PUBLISHED = ROOT / "reports" / "published" / "compat.json"
+RUNS = sorted(p.parent for p in (ROOT / "results" / "runs").glob("*/results.json"))
+PUBLISHED = ROOT / "results" / "published" / "compat.json"
 
 
 def test_there_are_committed_runs_from_cpu_and_gpu_machines() -> None:

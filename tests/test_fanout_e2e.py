@@ -1,170 +1,241 @@
-"""The pull-request workflow's data flow, end to end, without GitHub.
+"""The reusable workflow's flow, end to end, as another team's repository calls it, without GitHub.
 
-What .github/workflows/pr.yml does across machines, done here with processes
-and folders: ``matrix plan`` shards a handful of real cells (two CPU cells that
-run, GPU cells that this machine records as ``skip``); every shard runs as its
-own ``validators run`` process into its own folder (the ``results-<shard>``
-artifacts); ``reports publish --manifest`` merges them.  Then the failure modes
-the gate exists for: a lost shard makes publish refuse with MissingShard's exit
-code and leaves the previously published matrix byte for byte as it was; with
-the shard restored publish succeeds; the regression check passes a head that
-only fixed things and fails a head with a planted regression.
+``.github/workflows/opgate.yml`` (what pr.yml, nightly.yml and the README's
+example caller all run) is executed job by job on this machine by
+tests/workflow_local.py: its own ``run:`` scripts, its ``if:`` conditions,
+the matrix fan-out of the real plan, artifacts as folders.  The caller is a
+temporary repository of a team's own: its ops under ``kernels/`` (a correct
+Triton RMSNorm and its package), its matrix file, and the inputs of the
+README's example workflow.  What the gate exists for is then shown on it:
+the flow goes green, a fork pull request without ``gpu-ok`` gets a red gate
+with no shard run and nothing published, a planted kernel bug turns the gate
+red against the previous report while a fix does not.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
-import subprocess
-import sys
+import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from opgate.matrix.errors import CellsFailed, MissingShard
+from opgate.matrix import installed_torch
+from tests.workflow_local import JobRun, LocalRunner
+from tests.workflow_rules import check
 
 ROOT = Path(__file__).resolve().parents[1]
-SELECT = (
-    "rms_norm.triton-*-cpu-fp32-contiguous-eager",
-    "rms_norm.triton-*-cpu-fp32-transposed-eager",
-    "rms_norm.triton-*-sm_80-fp32-contiguous-eager",
-    "rms_norm.triton-*-sm_90-fp32-contiguous-eager",
-)
+WORKFLOW = ROOT / ".github" / "workflows" / "opgate.yml"
+ZOO = ROOT / "tests" / "zoo"
+#: Installing opgate from an index cannot happen offline; this interpreter already has it.
+SKIPPED = ("Install opgate*",)
+MATRIX = """\
+matrix_version: 1
+ops: [zoo_good]
+implementations: ["*"]
+torch: [installed]
+cuda: ["13.0"]
+arch: [cpu, sm_90]
+dtype: [fp32]
+layout: [contiguous, transposed]
+mode: [eager]
+shapes: [default]
+runners:
+  cpu: [ubuntu-latest]
+  sm_90: [self-hosted, linux, x64, gpu-sm90]
+"""
+GH = """\
+#!/bin/sh
+# GitHub's CLI for the gate's baseline fetch: `run list` names the baseline run when there is
+# one, `run download` copies it.  Every call is logged for the test to read.
+echo "$*" >> "$OPGATE_TEST_GH_LOG"
+case "$1 $2" in
+  "run list") [ -d "$OPGATE_TEST_BASELINE" ] && echo 4242; exit 0 ;;
+  "run download") shift 2; while [ $# -gt 0 ]; do [ "$1" = --dir ] && dir=$2; shift; done
+                  cp -r "$OPGATE_TEST_BASELINE" "$dir" ;;
+  *) echo "gh: $*: not played by this test" >&2; exit 2 ;;
+esac
+"""
 pytestmark = pytest.mark.slow
 
 
-def opgate(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """One opgate command in its own process, from the repository root (as a CI step runs it)."""
-    return subprocess.run(
-        [sys.executable, "-m", *args], check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+def readme_example() -> dict[str, Any]:
+    """The example caller workflow of the README, as YAML."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(
+        r"```yaml\n(# \.github/workflows/opgate\.yml in your repository\n.*?)```", text, re.DOTALL
     )
+    assert match, "README: the example caller workflow is gone"
+    data: dict[str, Any] = yaml.safe_load(match[1].replace("\non:", '\n"on":'))
+    return data
 
 
-def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+def caller_repository(root: Path) -> Path:
+    """A team's repository: kernels/<op>/spec.yaml + its package, and its matrix file."""
+    repo = root / "caller"
+    shutil.copytree(ZOO / "good", repo / "kernels" / "good")
+    shutil.copytree(
+        ZOO / "zoo_ops", repo / "kernels" / "zoo_ops", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (repo / ".github").mkdir(parents=True)
+    (repo / ".github" / "opgate-matrix.yaml").write_text(MATRIX)
+    return repo
+
+
+def pull_request(head_repo: str = "team/kernels", labels: tuple[str, ...] = ()) -> dict[str, Any]:
     return {
-        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
-        for p in folder.rglob("*")
-        if p.is_file()
+        "event_name": "pull_request",
+        "repository": "team/kernels",
+        "base_ref": "main",
+        "token": "token-not-used",
+        "event": {
+            "pull_request": {
+                "head": {"repo": {"full_name": head_repo}},
+                "labels": [{"name": n} for n in labels],
+            }
+        },
     }
 
 
-def publish(shards: Path, out: Path, manifest: Path) -> subprocess.CompletedProcess[str]:
-    ins = [arg for d in sorted(shards.iterdir()) for arg in ("--in", str(d))]
-    return opgate("reports", "publish", "--manifest", str(manifest), *ins, "--out", str(out))
+def run_flow(
+    work: Path, github: dict[str, Any], baseline: Path | None = None
+) -> tuple[dict[str, JobRun], Path]:
+    """Run opgate.yml with the README example's inputs in a fresh copy of ``work/caller``."""
+    attempt = work / f"run{len(list(work.glob('run*')))}"
+    workspace = attempt / "workspace"
+    shutil.copytree(work / "caller", workspace)
+    bin_dir = attempt / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gh").write_text(GH)
+    (bin_dir / "gh").chmod((bin_dir / "gh").stat().st_mode | stat.S_IXUSR)
+    (job,) = readme_example()["jobs"].values()
+    inputs = {**job["with"], "torch": installed_torch().split("+")[0]}
+    runner = LocalRunner(
+        WORKFLOW,
+        workspace,
+        inputs,
+        github,
+        skip=SKIPPED,
+        env={
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "OPGATE_TEST_BASELINE": str(baseline or attempt / "no-baseline"),
+            "OPGATE_TEST_GH_LOG": str(attempt / "gh.log"),
+            "OPGATE_CACHE": str(work / "verdict-cache"),
+        },
+    )
+    return runner.run(), attempt
 
 
 def verdicts(compat: Path) -> dict[str, str]:
     return {c["id"]: c["verdict"] for c in json.loads(compat.read_text())["cells"]}
 
 
-def set_verdict(path: Path, cell_id: str, verdict: str) -> None:
-    """Plant a verdict into a results.json / compat.json record, as a changed kernel would."""
-    data: dict[str, Any] = json.loads(path.read_text())
-    (record,) = [c for c in data["cells"] if c["id"] == cell_id]
-    record["verdict"] = verdict
-    record["reason"] = "planted by test_fanout_e2e"
-    path.write_text(json.dumps(data))
+def logs(jobs: dict[str, JobRun]) -> str:
+    return "\n".join(f"== {name}: {job.result}\n" + "\n".join(job.logs) for name, job in jobs.items())
 
 
 @pytest.fixture(scope="module")
-def fanout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Plan, then run every shard as a separate, concurrent process into shards/<name>."""
+def green(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The README example on a same-repository pull request, no baseline published yet."""
     work = tmp_path_factory.mktemp("fanout")
-    manifest = work / "plan-manifest.json"
-    selects = [arg for glob in SELECT for arg in ("--select", glob)]
-    # --target-s 1 splits even two short CPU cells over two shards, as a long matrix would be.
-    planned = opgate(
-        "matrix", "plan", "--format", "gha", "--max-jobs", "4", "--target-s", "1",
-        "--manifest", str(manifest), *selects,
-    )  # fmt: skip
-    assert planned.returncode == 0, planned.stderr
-    include = json.loads(planned.stdout)["include"]
-    shards = work / "shards"
-    procs = {}
-    for shard in include:
-        out = shards / f"results-{shard['name']}"
-        argv = [sys.executable, "-m", "opgate.validators", "run", "--out", str(out), "--no-progress"]
-        argv += [arg for glob in shard["select"] for arg in ("--select", glob)]
-        procs[shard["name"]] = subprocess.Popen(
-            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    logs = {name: p.communicate(timeout=600)[0] for name, p in procs.items()}
-    codes = {name: p.returncode for name, p in procs.items()}
-    assert codes == dict.fromkeys(procs, 0), logs
-    return {"work": work, "manifest": manifest, "include": include, "shards": shards}
+    caller_repository(work)
+    jobs, attempt = run_flow(work, pull_request())
+    return {"work": work, "jobs": jobs, "attempt": attempt}
 
 
-def test_plan_shards_by_runner_and_each_shard_ran_only_its_cells(fanout: dict[str, Any]) -> None:
-    include = fanout["include"]
-    names = [s["name"] for s in include]
-    assert len(names) == len(set(names)) == 4, names
-    labels = {tuple(s["runs_on"]) for s in include}
-    assert ("ubuntu-latest",) in labels
-    assert any("self-hosted" in ls for ls in labels)
-    planned = {s["name"]: set(s["cells"]) for s in json.loads(fanout["manifest"].read_text())["shards"]}
-    for name, cells in planned.items():
-        ran = json.loads((fanout["shards"] / f"results-{name}" / "results.json").read_text())["cells"]
-        assert {c["id"] for c in ran} == cells, name
-    every = set().union(*planned.values())
-    assert len(every) == 4  # two CPU cells that run, one skip cell per GPU arch
-    assert all(c.startswith("rms_norm.triton-") for c in every)
-
-
-def test_lost_shard_refuses_then_restored_shard_publishes(fanout: dict[str, Any], tmp_path: Path) -> None:
-    shards, manifest = fanout["shards"], fanout["manifest"]
-    out = tmp_path / "report"
-    first = publish(shards, out, manifest)
-    assert first.returncode == 0, first.stderr
-    before = snapshot(out)
-    assert {"compat.json", "compat.md", "index.html"} <= set(before)
-
-    lost = next(s["name"] for s in fanout["include"] if "self-hosted" in s["runs_on"])
-    aside = tmp_path / "aside"
-    shutil.move(shards / f"results-{lost}", aside)
-    try:
-        refused = publish(shards, out, manifest)
-        assert refused.returncode == MissingShard.exit_code, refused.stdout + refused.stderr
-        assert lost in refused.stderr
-        assert snapshot(out) == before, "a refused publish must leave the previous matrix untouched"
-    finally:
-        shutil.move(aside, shards / f"results-{lost}")
-
-    again = publish(shards, out, manifest)
-    assert again.returncode == 0, again.stderr
-    got = verdicts(out / "compat.json")
-    assert sorted(set(got.values())) == ["pass", "skip"], got
-    assert sum(v == "skip" for v in got.values()) == 2
-
-
-def gate_diff(base: Path, head: Path) -> subprocess.CompletedProcess[str]:
-    """The gate's regression step, exactly as pr.yml runs it."""
-    return opgate(
-        "reports", "diff", "--base", str(base), "--head", str(head), "--format", "md", "--fail-on-regression"
+def test_the_readme_example_is_a_clean_caller(tmp_path: Path) -> None:
+    path = tmp_path / "caller.yml"
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    path.write_text(
+        text.split("# .github/workflows/opgate.yml in your repository\n", 1)[1].split("```", 1)[0]
     )
+    assert check(path) == [], "the example keeps opgate's own hardening rules"
+    (job,) = readme_example()["jobs"].values()
+    declared = yaml.safe_load(WORKFLOW.read_text())[True]["workflow_call"]["inputs"]
+    assert set(job["with"]) <= set(declared)
+    assert {k for k, spec in declared.items() if spec.get("required")} <= set(job["with"])
 
 
-def test_gate_passes_a_fix_and_fails_a_planted_regression(fanout: dict[str, Any], tmp_path: Path) -> None:
-    shards, manifest = fanout["shards"], fanout["manifest"]
-    head = tmp_path / "head"
-    assert publish(shards, head, manifest).returncode == 0
-    cpu_cell = next(c for c, v in verdicts(head / "compat.json").items() if v == "pass")
+def test_a_teams_repository_goes_green_through_plan_shards_publish_gate(green: dict[str, Any]) -> None:
+    jobs, attempt = green["jobs"], green["attempt"]
+    assert {n: j.result for n, j in jobs.items()} == dict.fromkeys(
+        ("plan", "shards", "publish", "gate"), "success"
+    ), logs(jobs)
+    assert set(jobs["plan"].skipped_steps + jobs["gate"].skipped_steps) == {
+        "Install opgate (planning reads YAML only, no torch)",
+        "Install opgate (reports need no torch)",
+    }
+    plan = json.loads(jobs["plan"].outputs["matrix"])["include"]
+    labels = {tuple(s["runs_on"]) for s in plan}
+    # the example's `runners:` input replaced the matrix file's sm_90 labels; cpu kept its own
+    assert labels == {("ubuntu-latest",), ("self-hosted", "linux", "x64", "gpu-h100")}
+    artifacts = attempt / "artifacts"
+    assert sorted(p.name for p in artifacts.iterdir()) == sorted(
+        ["plan-manifest", "compat-report", *(f"results-{s['name']}" for s in plan)]
+    )
+    got = verdicts(artifacts / "compat-report" / "compat.json")
+    torch_mm = "pt" + ".".join(installed_torch().split(".")[:2])
+    assert got == {
+        f"zoo_good.triton-{torch_mm}-cpu-fp32-contiguous-eager": "pass",
+        f"zoo_good.triton-{torch_mm}-cpu-fp32-transposed-eager": "pass",
+        f"zoo_good.triton-{torch_mm}-cu13.0-sm_90-fp32-contiguous-eager": "skip",
+        f"zoo_good.triton-{torch_mm}-cu13.0-sm_90-fp32-transposed-eager": "skip",
+    }
+    assert (artifacts / "compat-report" / "index.html").stat().st_size < 200_000
+    # no baseline yet: the gate asked for one, found none, and said so
+    assert "--workflow nightly.yml --branch main" in (attempt / "gh.log").read_text()
+    summary = (attempt / "step_summary").read_text()
+    assert "No published matrix on `main` yet: nothing to regress against." in summary
+    assert "| shards | success |" in summary
 
-    # Base branch had this cell red; the PR fixed it: a fix is not a regression.
-    base = tmp_path / "base" / "compat.json"
-    base.parent.mkdir()
-    shutil.copy(head / "compat.json", base)
-    set_verdict(base, cpu_cell, "fail")
-    fixed = gate_diff(base, head / "compat.json")
-    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
 
-    # The PR breaks the same cell: the shard's results say fail, the gate must go red.
-    broken_shards = tmp_path / "broken"
-    shutil.copytree(shards, broken_shards)
-    (results,) = [p for p in broken_shards.glob("*/results.json") if cpu_cell in p.read_text()]
-    set_verdict(results, cpu_cell, "fail")
-    broken = tmp_path / "broken-report"
-    assert publish(broken_shards, broken, manifest).returncode == 0
-    regressed = gate_diff(head / "compat.json", broken / "compat.json")
-    assert regressed.returncode == CellsFailed.exit_code, regressed.stdout + regressed.stderr
-    assert cpu_cell in regressed.stdout
+def test_a_fork_without_gpu_ok_runs_no_shard_and_gets_a_red_gate(green: dict[str, Any]) -> None:
+    jobs, attempt = run_flow(green["work"], pull_request(head_repo="stranger/kernels"))
+    assert {n: j.result for n, j in jobs.items()} == {
+        "plan": "success",
+        "shards": "skipped",
+        "publish": "failure",  # refused: the planned shards did not report
+        "gate": "failure",
+    }, logs(jobs)
+    assert "refusing to publish" in "\n".join(jobs["publish"].logs)
+    assert "compat-report" not in {p.name for p in (attempt / "artifacts").iterdir()}
+    assert "Fork PRs need the `gpu-ok` label" in (attempt / "step_summary").read_text()
+
+    # a maintainer's label lets the same fork through (the environment's reviewers are GitHub's part)
+    labelled, _ = run_flow(green["work"], pull_request(head_repo="stranger/kernels", labels=("gpu-ok",)))
+    assert labelled["shards"].result == "success", logs(labelled)
+
+
+def test_the_gate_passes_a_fix_and_fails_a_planted_kernel_bug(green: dict[str, Any]) -> None:
+    work = green["work"]
+    report = green["attempt"] / "artifacts" / "compat-report"
+    cell = next(c for c, v in verdicts(report / "compat.json").items() if v == "pass")
+
+    # The base branch had the cell red; this PR fixed it: a fix is not a regression.
+    base = work / "baseline-red"
+    shutil.copytree(report, base)
+    doc = json.loads((base / "compat.json").read_text())
+    next(c for c in doc["cells"] if c["id"] == cell).update(verdict="fail", reason="planted red baseline")
+    (base / "compat.json").write_text(json.dumps(doc))
+    fixed, attempt = run_flow(work, pull_request(), baseline=base)
+    assert fixed["gate"].result == "success", logs(fixed)
+    assert "Fixed" in (attempt / "step_summary").read_text()
+
+    # The PR breaks the kernel (a wrong scale): both CPU cells fail, the gate goes red, naming them.
+    good = work / "caller" / "kernels" / "zoo_ops" / "good.py"
+    original = good.read_text()
+    good.write_text(original.replace("return launch(x, w, eps)", "return launch(x, w, eps) * 1.01"))
+    try:
+        broken, attempt = run_flow(work, pull_request(), baseline=report)
+    finally:
+        good.write_text(original)
+    assert broken["publish"].result == "success", logs(broken)
+    assert broken["gate"].result == "failure"
+    summary = (attempt / "step_summary").read_text()
+    assert "New failures **2**" in summary
+    assert cell in summary

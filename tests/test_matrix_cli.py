@@ -92,3 +92,32 @@ def test_empty_selection_and_bad_ops_path_exit_codes(tmp_path: Path) -> None:
     missing, _ = run("list", "--ops-path", str(tmp_path / "absent"))
     assert missing.returncode == 2
     assert "not a directory" in missing.stderr
+
+
+def test_several_torch_versions_plan_one_shard_set_each() -> None:
+    """A CI plan for two torch releases (the reusable workflow's `torch` input): ids carry the version."""
+    select = ["--select", "rms_norm.triton-*-cpu-fp32-contiguous-eager"]
+    listed, _ = run("list", "--torch", "2.13.0", "--torch", "2.14.1", *select)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == [
+        "rms_norm.triton-pt2.13-cpu-fp32-contiguous-eager",
+        "rms_norm.triton-pt2.14-cpu-fp32-contiguous-eager",
+    ]
+    planned, _ = run("plan", "--torch", "2.13.0", "--torch", "2.14.1", *select)
+    assert planned.returncode == 0, planned.stderr
+    assert sorted(s["torch"] for s in json.loads(planned.stdout)["include"]) == ["2.13.0", "2.14.1"]
+
+
+def test_runner_labels_from_the_command_line_replace_the_matrix_files() -> None:
+    select = ["--torch", "2.13.0", "--select", "rms_norm.triton-*-fp32-contiguous-eager"]
+    planned, _ = run("plan", *select, "--runner", "sm_90=self-hosted, h100-pool", "--runner", "cpu=my-cpu")
+    assert planned.returncode == 0, planned.stderr
+    labels = {s["name"].split("-")[0]: s["runs_on"] for s in json.loads(planned.stdout)["include"]}
+    assert labels["sm_90"] == ["self-hosted", "h100-pool"]
+    assert labels["cpu"] == ["my-cpu"]
+    assert labels["sm_80"] == ["self-hosted", "linux", "x64", "gpu-sm80"]  # matrix/default.yaml's
+    for bad in ("sm_99=x", "sm_90=", "sm_90=a b", "nolabels"):
+        refused, _ = run("plan", *select, "--runner", bad)
+        assert refused.returncode == 2, bad
+        assert refused.stderr.count("\n") == 1
+        assert "ARCH=LABEL" in refused.stderr

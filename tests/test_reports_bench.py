@@ -13,7 +13,7 @@ import pytest
 from opgate.reports import bench_legacy, bench_table
 
 REPO = Path(__file__).resolve().parent.parent
-COMMITTED = sorted((REPO / "reports" / "runs" / "h200-bench").glob("*.json"))
+COMMITTED = sorted((REPO / "results" / "runs" / "h200-bench").glob("*.json"))
 LEGACY = REPO / "tests" / "data" / "bench" / "legacy_rms_norm.json"
 
 
@@ -115,7 +115,7 @@ def test_committed_h200_benchmarks_are_in_the_one_format_and_render(path: Path) 
 def test_committed_results_are_the_converter_output_of_the_old_files() -> None:
     """The legacy rms_norm file converts to exactly the committed one (so all five were converted so)."""
     converted = bench_legacy.convert(json.loads(LEGACY.read_text()))
-    committed = json.loads((REPO / "reports" / "runs" / "h200-bench" / "rms_norm.json").read_text())
+    committed = json.loads((REPO / "results" / "runs" / "h200-bench" / "rms_norm.json").read_text())
     assert converted == committed
 
 

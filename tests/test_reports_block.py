@@ -13,7 +13,7 @@ from opgate.reports import block_report
 from opgate.reports.__main__ import main as reports_main
 from tests.data.reports.fixtures import cpu_run, write_run
 
-BLOCK = Path(__file__).resolve().parents[1] / "reports" / "runs" / "h200-block" / "block.json"
+BLOCK = Path(__file__).resolve().parents[1] / "results" / "runs" / "h200-block" / "block.json"
 
 
 def test_markdown_has_parity_times_speedups_and_the_flag_line() -> None:

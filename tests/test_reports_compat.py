@@ -16,7 +16,7 @@ from opgate.matrix.errors import ResultsFormatError
 from opgate.reports import compat
 from opgate.reports.perf import SAMPLES_KEPT
 from opgate.reports.publish import publish
-from opgate.validators.result import Verdict
+from opgate.validators.result import Verdict, compact_record
 from tests.data.reports.fixtures import PERF_CELL, cpu_run, gpu_run, write_run
 
 
@@ -48,8 +48,11 @@ def test_round_trip_keeps_every_record(published: Path) -> None:
     loaded = compat.load(published)
     expected = len(cpu_run().cells) + len(gpu_run().cells)
     assert len(loaded.entries) == len(doc["cells"]) == expected
-    first = doc["cells"][0]
-    assert {k: v for k, v in first.items() if k != "env_key"} == loaded.entries[0].result.to_json()
+    first, result = doc["cells"][0], loaded.entries[0].result
+    # on disk, the compact record: the environment once under environments, not on every cell
+    assert "env" not in first
+    assert result.env == doc["environments"][first["env_key"]]
+    assert {k: v for k, v in first.items() if k != "env_key"} == compact_record(result.to_json(), result.env)
     assert loaded.to_json()["cells"] == doc["cells"]
     assert set(doc["environments"]) == {e.env_key for e in loaded.entries}
 

@@ -165,6 +165,14 @@ def test_markdown_lists_everything_and_escapes(doc: dict[str, Any]) -> None:
     assert "Mann-Whitney" in md
 
 
+def test_markdown_links_each_cell_to_its_evidence(doc: dict[str, Any]) -> None:
+    dashboard = "https://o.github.io/r/index.html"
+    md = diff_md.render(doc, dashboard_url=dashboard)
+    assert f"| [`{NEW_FAILURE}`]({dashboard}#cell={NEW_FAILURE}) | cpu | pass → fail |" in md
+    assert f"| [`{PERF_CELL}`]({dashboard}#cell={PERF_CELL}) |" in md
+    assert "](" not in diff_md.render(doc), "no dashboard, no links"
+
+
 def test_markdown_respects_the_byte_budget(doc: dict[str, Any]) -> None:
     big = json.loads(json.dumps(doc))
     template = big["new_failures"][0]

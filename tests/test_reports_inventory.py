@@ -9,7 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-BENCH = sorted((REPO / "reports" / "runs" / "h200-bench").glob("*.json"))
+BENCH = sorted((REPO / "results" / "runs" / "h200-bench").glob("*.json"))
 
 
 def inventory(*args: str) -> subprocess.CompletedProcess[str]:

@@ -108,10 +108,25 @@ def test_without_the_config_the_gpu_labels_are_unknown(tmp_path: Path) -> None:
 
 
 def test_planted_typo_in_the_plan_output_is_caught(tmp_path: Path) -> None:
-    text = (ROOT / ".github" / "workflows" / "pr.yml").read_text(encoding="utf-8")
+    text = (ROOT / ".github" / "workflows" / "opgate.yml").read_text(encoding="utf-8")
     assert "needs.plan.outputs.matrix" in text
-    path = tmp_path / "pr.yml"
+    path = tmp_path / "opgate.yml"
     path.write_text(text.replace("needs.plan.outputs.matrix", "needs.plan.outputs.matirx"), encoding="utf-8")
     result = lint(path, cwd=tmp_path)
     assert result.returncode != 0
     assert "matirx" in result.stdout
+
+
+def test_the_readme_example_caller_passes_actionlint(tmp_path: Path) -> None:
+    """The example workflow a team copies from the README (the call of opgate.yml)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    marker = "# .github/workflows/opgate.yml in your repository\n"
+    assert marker in text
+    path = tmp_path / "caller.yml"
+    path.write_text(text.split(marker, 1)[1].split("```", 1)[0], encoding="utf-8")
+    result = lint(path, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    broken = tmp_path / "broken.yml"
+    unpinned = path.read_text().replace("opgate.yml@0123456789abcdef0123456789abcdef01234567", "opgate.yml")
+    broken.write_text(unpinned, encoding="utf-8")
+    assert lint(broken, cwd=tmp_path).returncode != 0, "a malformed reusable-workflow reference is caught"

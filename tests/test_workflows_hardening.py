@@ -83,8 +83,8 @@ def runs(job: dict[str, Any]) -> str:
     return "\n".join(str(step.get("run", "")) for step in job.get("steps", []))
 
 
-def test_the_three_workflows_exist() -> None:
-    assert {p.name for p in WORKFLOWS} >= {"pr.yml", "nightly.yml", "release.yml"}
+def test_the_workflows_exist() -> None:
+    assert {p.name for p in WORKFLOWS} >= {"pr.yml", "nightly.yml", "release.yml", "opgate.yml"}
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -132,6 +132,7 @@ def test_on_is_a_key_not_yaml11_true() -> None:
     assert load("pr.yml").triggers == {"pull_request"}
     assert load("nightly.yml").triggers == {"schedule", "workflow_dispatch"}
     assert load("release.yml").triggers == {"release"}
+    assert load("opgate.yml").triggers == {"workflow_call"}
 
 
 def test_one_version_of_each_action_everywhere() -> None:
@@ -143,23 +144,41 @@ def test_one_version_of_each_action_everywhere() -> None:
     assert {a: shas for a, shas in refs.items() if len(shas) > 1} == {}
 
 
-def test_pr_plan_shards_publish_gate() -> None:
-    wf = load("pr.yml")
+def calls(wf: Workflow) -> dict[str, Any]:
+    """The jobs of ``wf`` that call opgate's reusable workflow."""
+    return {n: j for n, j in wf.jobs() if j.get("uses") == "./.github/workflows/opgate.yml"}
+
+
+def test_pr_and_nightly_run_the_one_reusable_flow() -> None:
+    declared = load("opgate.yml").data["on"]["workflow_call"]["inputs"]
+    required = {k for k, spec in declared.items() if spec.get("required")}
+    for name in ("pr.yml", "nightly.yml"):
+        (call,) = calls(load(name)).values()
+        assert required <= set(call["with"]) <= set(declared), name
+        assert call["with"]["opgate-install"] == "-e .", "opgate's own workflows validate the checkout"
+        assert call["permissions"] == {"contents": "read", "actions": "read"}
+        scripts = "\n".join(runs(job) for _, job in load(name).jobs())
+        for command in ("opgate plan", "opgate run", "opgate publish"):
+            assert command not in scripts, f"{name} runs the flow through opgate.yml, not a copy of it"
+
+
+def test_reusable_plan_shards_publish_gate() -> None:
+    wf = load("opgate.yml")
     jobs = wf.data["jobs"]
-    assert set(jobs) == {"lint", "tests", "plan", "shards", "publish", "gate"}
-    assert wf.data["concurrency"]["group"] == PR_CONCURRENCY_GROUP
-    assert "python noxfile.py -s lint" in runs(jobs["lint"])
-    assert "bash .ci/run" in runs(jobs["tests"])
+    assert set(jobs) == {"plan", "shards", "publish", "gate"}
+    assert "concurrency" not in wf.data, "the caller owns concurrency"
 
     plan = jobs["plan"]
-    assert "opgate plan --format gha --max-jobs" in runs(plan)
+    assert "opgate plan" in runs(plan)
+    assert '"${args[@]}" > plan-matrix.json' in runs(plan)
     assert plan["outputs"]["matrix"] == "${{ steps.plan.outputs.matrix }}"
 
     shards = jobs["shards"]
     assert shards["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
     assert shards["strategy"]["fail-fast"] is False
     assert shards["runs-on"] == "${{ matrix.runs_on }}"
-    assert shards["environment"] == "gpu"
+    assert shards["environment"] == "${{ inputs.gpu-environment }}"
+    assert wf.data["on"]["workflow_call"]["inputs"]["gpu-environment"]["default"] == "gpu"
     uploads = [s for s in shards["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
     assert [u["with"]["name"] for u in uploads] == ["results-${{ matrix.name }}"]
     assert uploads[0]["if"] == "always()", "a shard with red cells still reports"
@@ -175,14 +194,45 @@ def test_pr_plan_shards_publish_gate() -> None:
     assert "--fail-on-regression" in gate_runs
     assert "opgate diff --base base/compat.json --head head/compat.json" in gate_runs
     assert "GITHUB_STEP_SUMMARY" in gate_runs
+    assert "NEEDS: ${{ toJSON(needs) }}" in (WORKFLOW_DIR / "opgate.yml").read_text(encoding="utf-8")
+
+
+def test_pr_gate_sees_every_job() -> None:
+    wf = load("pr.yml")
+    jobs = wf.data["jobs"]
+    assert set(jobs) == {"lint", "tests", "matrix", "gate"}
+    assert wf.data["concurrency"]["group"] == PR_CONCURRENCY_GROUP
+    assert "python noxfile.py -s lint" in runs(jobs["lint"])
+    assert "bash .ci/run" in runs(jobs["tests"])
+    gate = jobs["gate"]
+    assert gate["if"] == "always()"
+    assert set(gate["needs"]) == set(jobs) - {"gate"}
     assert "NEEDS: ${{ toJSON(needs) }}" in (WORKFLOW_DIR / "pr.yml").read_text(encoding="utf-8")
+    assert calls(wf)["matrix"]["with"]["gpu-environment"] == "gpu"
+
+
+def test_the_reusable_workflows_fork_gate_bites(tmp_path: Path) -> None:
+    """Dropping the label clause or the reviewed default from opgate.yml is caught."""
+    text = (WORKFLOW_DIR / "opgate.yml").read_text(encoding="utf-8")
+    label = "\n        || contains(github.event.pull_request.labels.*.name, 'gpu-ok'))"
+    assert label in text
+    for planted in (
+        text.replace(label, ")"),
+        text.replace("        default: gpu\n", '        default: ""\n'),
+    ):
+        assert planted != text
+        path = tmp_path / "opgate.yml"
+        path.write_text(planted, encoding="utf-8")
+        assert {v.rule for v in check(path)} == {"fork-gate"}
 
 
 def test_nightly_runs_everything_and_alerts_with_every_secret_through_env() -> None:
     wf = load("nightly.yml")
     assert wf.data["on"]["schedule"][0]["cron"]
     jobs = wf.data["jobs"]
-    assert {"plan", "shards", "publish", "pages", "alert"} <= set(jobs)
+    assert set(jobs) == {"matrix", "pages", "alert"}
+    assert calls(wf)["matrix"]["with"]["pages"] is True
+    assert calls(wf)["matrix"]["with"]["gpu-environment"] == "gpu-scheduled"
     alert = next(s for s in jobs["alert"]["steps"] if "opgate alert" in str(s.get("run", "")))
     assert alert["continue-on-error"] is True, "a failed alert never turns the matrix red"
     assert {name: alert["env"].get(name) for name in SECRETS} == {

@@ -128,6 +128,11 @@ class Workflow:
             return {on}
         return set(on)
 
+    @property
+    def reusable(self) -> bool:
+        """Called by other workflows (``on: workflow_call``): any of them may be a PR workflow."""
+        return "workflow_call" in self.triggers
+
     def jobs(self) -> Iterator[tuple[str, LineDict]]:
         jobs = self.data.get("jobs") or {}
         yield from jobs.items()
@@ -144,20 +149,31 @@ def _self_hosted(runs_on: Any) -> bool:
     return isinstance(runs_on, dict)  # {group: ..., labels: ...}: runner groups are self-hosted
 
 
+def _environment(wf: Workflow, job: LineDict) -> str | None:
+    """The job's environment name; ``${{ inputs.X }}`` of a reusable workflow reads X's default."""
+    env = job.get("environment")
+    name = env.get("name") if isinstance(env, dict) else env
+    match = re.fullmatch(r"\$\{\{\s*inputs\.([\w-]+)\s*\}\}", str(name or ""))
+    if match and wf.reusable:
+        declared = (wf.data["on"].get("workflow_call") or {}).get("inputs") or {}
+        return (declared.get(match[1]) or {}).get("default")
+    return str(name) if name is not None else None
+
+
 @rule("fork-gate")
 def fork_gate(wf: Workflow) -> list[Violation]:
-    if not wf.triggers & PR_EVENTS:
+    """Self-hosted jobs of a PR workflow, or of a reusable one (a PR workflow may call it)."""
+    if not wf.triggers & PR_EVENTS and not wf.reusable:
         return []
     out = []
     for name, job in wf.jobs():
         if not _self_hosted(job.get("runs-on")):
             continue
-        env = job.get("environment")
-        env_name = env.get("name") if isinstance(env, dict) else env
+        env_name = _environment(wf, job)
         cond = " ".join(str(job.get("if", "")).split())
         problems = []
         if env_name != GPU_ENVIRONMENT:
-            problems.append(f"environment `{GPU_ENVIRONMENT}` (required reviewers)")
+            problems.append(f"environment `{GPU_ENVIRONMENT}` (required reviewers; by default, if an input)")
         if SAME_REPO not in cond or GPU_OK_LABEL not in cond or "always()" in cond:
             problems.append("an `if:` allowing only same-repo PRs or the `gpu-ok` label")
         if problems:
@@ -175,6 +191,14 @@ def fork_gate(wf: Workflow) -> list[Violation]:
 def concurrency(wf: Workflow) -> list[Violation]:
     conc = wf.data.get("concurrency")
     line = wf.data.line_of("concurrency") if "concurrency" in wf.data else 1
+    if wf.triggers == {"workflow_call"}:
+        # A called workflow's github.workflow is its caller's: a group here is the caller's own
+        # group, and the two runs wait on (or cancel) each other.  The caller owns concurrency.
+        if conc is not None:
+            return [
+                Violation("concurrency", wf.at(line), "a reusable workflow leaves concurrency to its caller")
+            ]
+        return []
     if wf.triggers & PR_EVENTS:
         if (
             not isinstance(conc, dict)

@@ -72,6 +72,13 @@ def parser() -> argparse.ArgumentParser:
         "collect", help="write results.json and junit.xml from the cells/ of an interrupted run"
     )
     collect.add_argument("--out", type=Path, required=True, metavar="DIR", help="the run's output folder")
+    cmp = sub.add_parser(
+        "compact", help="keep finished runs in a repository: only what verdicts, tables and history read"
+    )
+    cmp.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="finished run folders")
+    cmp.add_argument(
+        "--into", type=Path, required=True, metavar="DIR", help="write each run to DIR/<its folder name>"
+    )
     brk = sub.add_parser("breakdown", help="where a finished run's wall time went (build, compile, harness)")
     brk.add_argument(
         "dirs", type=Path, nargs="+", metavar="DIR", help="run folders (results.json + run.json)"
@@ -94,6 +101,22 @@ def _collect(out: Path) -> int:
         print(err.message(), file=sys.stderr)
         return err.exit_code
     print(f"{len(done.cells)} cells -> {out / 'results.json'}, {out / 'junit.xml'}")
+    return 0
+
+
+def _compact(dirs: Sequence[Path], into: Path) -> int:
+    from opgate.validators.compact import compact_runs
+
+    try:
+        done = compact_runs(dirs, into)
+    except OpgateError as err:
+        print(err.message(), file=sys.stderr)
+        return err.exit_code
+    for run in done:
+        print(
+            f"{run.source} -> {run.dest}: {run.cells} cells, results.json "
+            f"{run.bytes_before / 1e6:.2f} MB -> {run.bytes_after / 1e6:.2f} MB"
+        )
     return 0
 
 
@@ -127,10 +150,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OpgateError as err:
         print(err.message(), file=sys.stderr)
         return err.exit_code
-    if args.command == "collect":
-        return _collect(args.out)
-    if args.command == "breakdown":
-        return _breakdown(args.dirs, as_json=args.json)
+    folder_commands = {
+        "collect": lambda: _collect(args.out),
+        "compact": lambda: _compact(args.dirs, args.into),
+        "breakdown": lambda: _breakdown(args.dirs, as_json=args.json),
+    }
+    if args.command in folder_commands:
+        return folder_commands[args.command]()
     from opgate.validators.runner import Runner, RunOptions
 
     options = RunOptions(

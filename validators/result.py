@@ -176,12 +176,23 @@ class RunResults:
             "cells": [c.to_json() for c in self.cells],
         }
 
-    def write(self, path: Path) -> dict[str, Any]:
-        """Write atomically; returns the document written (callers need not serialise it again)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def to_compact_json(self) -> dict[str, Any]:
+        """The committed form: :func:`compact_record` of every cell (see there for what is kept)."""
         doc = self.to_json()
+        doc["cells"] = [compact_record(c, self.env) for c in doc["cells"]]
+        return doc
+
+    def write(self, path: Path, *, compact: bool = False) -> dict[str, Any]:
+        """Write atomically; returns the document written (callers need not serialise it again).
+
+        ``compact``: the committed form, one cell record per line (a republish that changes
+        a few verdicts changes a few lines).
+        """
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = self.to_compact_json() if compact else self.to_json()
+        text = dumps_one_record_per_line(doc, "cells") if compact else json.dumps(doc, indent=1)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+        tmp.write_text(text + "\n")
         tmp.replace(path)
         return doc
 
@@ -196,11 +207,67 @@ class RunResults:
             raise ResultsFormatError(
                 f"{path}: results schema_version {version!r}, this opgate reads {RESULTS_SCHEMA_VERSION}"
             )
+        env = dict(data.get("env") or {})
         return cls(
-            cells=[CellResult.from_json(c) for c in data.get("cells", [])],
-            env=dict(data.get("env") or {}),
+            # a compact record leaves out an env equal to the run's (compact_record)
+            cells=[CellResult.from_json({"env": env, **c}) for c in data.get("cells", [])],
+            env=env,
             started_at=str(data.get("started_at", "")),
             finished_at=str(data.get("finished_at", "")),
             argv=list(data.get("argv") or []),
             shard=str(data.get("shard", "")),
         )
+
+
+#: Detail keys that name files inside the run folder (profiler traces): the committed form of a
+#: run does not carry those files, so it does not carry their paths either.
+RUN_FILE_KEYS = frozenset({"trace"})
+#: Checks whose details a later publish reads back even when they pass: perf's points are the
+#: perf history (reports.perf), its samples the regression test's data.
+HISTORY_CHECKS = frozenset({"perf"})
+_PLAIN_STATUSES = frozenset({Verdict.PASS.value, Verdict.SKIP.value})
+
+
+def compact_check(check: Mapping[str, Any]) -> dict[str, Any]:
+    """One check as a committed run keeps it.
+
+    Name, status, summary and duration always (tables, reasons, the time breakdown);
+    details only where they explain a verdict that is not ``pass``/``skip`` (the dashboard's
+    evidence of a red cell) or feed history (:data:`HISTORY_CHECKS`).  The details of a
+    passing check restate its summary at length (every comparison, every graph) and are
+    most of a run's bytes.  A re-run's record (``attempt_N``) keeps its checks the same way.
+    """
+    out = {k: v for k, v in check.items() if k != "details"}
+    details = dict(check.get("details") or {})
+    if check.get("status") in _PLAIN_STATUSES and check.get("name") not in HISTORY_CHECKS:
+        details = {}
+    for key in RUN_FILE_KEYS:
+        details.pop(key, None)
+    if isinstance(details.get("checks"), list):
+        details["checks"] = [compact_check(c) for c in details["checks"] if isinstance(c, Mapping)]
+    if details:
+        out["details"] = details
+    return out
+
+
+def compact_record(record: Mapping[str, Any], run_env: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A cell record (``CellResult.to_json``) in the committed form: every verdict-bearing field.
+
+    Id, axes, verdict, reason, kernels, repro, seed and durations stay; checks go through
+    :func:`compact_check`; ``env`` is left out when it is ``run_env`` (the run's, or the
+    environment its ``env_key`` names), which readers put back.  Verdicts, tables, diffs,
+    perf history and the time breakdown read the same from either form.
+    """
+    out = {k: v for k, v in record.items() if k not in ("checks", "env")}
+    if run_env is None or record.get("env") != run_env:
+        out["env"] = record.get("env") or {}
+    out["checks"] = [compact_check(c) for c in record.get("checks") or []]
+    return out
+
+
+def dumps_one_record_per_line(doc: Mapping[str, Any], key: str) -> str:
+    """JSON of ``doc`` with the list ``doc[key]`` last and one compact record per line."""
+    head = json.dumps({k: v for k, v in doc.items() if k != key}, separators=(",", ":"), ensure_ascii=False)
+    records = ",\n".join(json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in doc[key])
+    body = f"[\n{records}\n]" if records else "[]"
+    return f"{head[:-1]}{',' if head != '{}' else ''}{json.dumps(key)}:{body}}}"

@@ -28,6 +28,7 @@ elements show up).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,8 @@ class Comparison:
     numel: int = 0
     atol_floor: float = 0.0
     worst_index: tuple[int, ...] | None = None
+    #: (op, reference, oracle) at ``worst_index``: what a reader checks first ("off by one ulp" vs "garbage")
+    worst_values: tuple[float, float, float] | None = None
     problem: str = ""
 
     @property
@@ -100,9 +103,20 @@ class Comparison:
             "oracle_nonfinite": self.oracle_nonfinite,
             "numel": self.numel,
             "worst_index": list(self.worst_index) if self.worst_index is not None else None,
+            "worst_values": _values_json(self.worst_values),
             "baseline_worse": self.baseline_worse,
             "problem": self.problem,
         }
+
+
+def _values_json(values: tuple[float, float, float] | None) -> dict[str, float | str] | None:
+    """The worst element's values for JSON: NaN and infinities as text (JSON has no literal for them)."""
+    if values is None:
+        return None
+    return {
+        name: v if math.isfinite(v) else str(v)
+        for name, v in zip(("op", "reference", "oracle"), values, strict=True)
+    }
 
 
 def _max_abs_err(a: torch.Tensor, oracle: torch.Tensor, where: torch.Tensor) -> tuple[float, int]:
@@ -160,6 +174,10 @@ def compare_tensor(op: Any, ref: Any, oracle: Any, rule: Rule, label: str = "out
     n_op_bad = int(op_bad.sum())
     if n_op_bad:
         op_at = int(op_bad.reshape(-1).nonzero()[0])
+    worst = None
+    if op_at >= 0:
+        at = (op_at,)
+        worst = (float(a64.reshape(-1)[at]), float(r64.reshape(-1)[at]), float(o64.reshape(-1)[at]))
     return Comparison(
         label=label,
         passed=n_op_bad == 0 and op_err <= allowed,
@@ -173,6 +191,7 @@ def compare_tensor(op: Any, ref: Any, oracle: Any, rule: Rule, label: str = "out
         numel=o64.numel(),
         atol_floor=rule.atol_floor,
         worst_index=_unravel(op_at, tuple(o64.shape)) if op_at >= 0 else None,
+        worst_values=worst,
     )
 
 

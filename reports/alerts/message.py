@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opgate.reports.view import cell_url
+
 KINDS = {"new_failures": "new_failure", "new_fallbacks": "new_fallback"}
 ICON = {"new_failure": "❌", "new_fallback": "⚠️", "perf_regression": "📉"}
 LABEL = {"new_failure": "new failure", "new_fallback": "new fallback", "perf_regression": "perf regression"}
@@ -28,9 +30,11 @@ class AlertItem:
     device: str
     text: str
     dedup_key: str
+    url: str = ""  # the cell's evidence on the published dashboard, when its URL is known
 
     def to_json(self) -> dict[str, str]:
-        return {"kind": self.kind, "cell": self.cell, "device": self.device, "text": self.text}
+        out = {"kind": self.kind, "cell": self.cell, "device": self.device, "text": self.text}
+        return {**out, "url": self.url} if self.url else out
 
 
 @dataclass
@@ -71,8 +75,15 @@ def _one_line(text: str, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def from_diff(doc: Mapping[str, Any], run_id: str, report_url: str) -> Alert:
-    """Alert items for every regression in a diff (fixes and lost coverage are only counted)."""
+def from_diff(doc: Mapping[str, Any], run_id: str, report_url: str, dashboard_url: str = "") -> Alert:
+    """Alert items for every regression in a diff (fixes and lost coverage are only counted).
+
+    With ``dashboard_url`` (the published index.html) each line ends with its cell's link.
+    """
+
+    def link(cell: str) -> str:
+        return cell_url(dashboard_url, cell) if dashboard_url else ""
+
     items = []
     for category, kind in KINDS.items():
         for change in doc.get(category) or []:
@@ -82,7 +93,10 @@ def from_diff(doc: Mapping[str, Any], run_id: str, report_url: str) -> Alert:
                 f"({change['base'] or 'new'} → {change['head']}){': ' + reason if reason else ''}"
             )
             key = f"{run_id}|{change['cell']}@{change['device']}|{kind}"
-            items.append(AlertItem(kind, change["cell"], change["device"], text, key))
+            url = link(change["cell"])
+            items.append(
+                AlertItem(kind, change["cell"], change["device"], f"{text} {url}".rstrip(), key, url)
+            )
     for perf in doc.get("perf_regressions") or []:
         kind = "perf_regression"
         text = (
@@ -91,7 +105,8 @@ def from_diff(doc: Mapping[str, Any], run_id: str, report_url: str) -> Alert:
             f"p={perf['p_value']:.1e})"
         )
         key = f"{run_id}|{perf['cell']}@{perf['gpu']}#{perf['shape']}|{kind}"
-        items.append(AlertItem(kind, perf["cell"], perf["gpu"], text, key))
+        url = link(perf["cell"])
+        items.append(AlertItem(kind, perf["cell"], perf["gpu"], f"{text} {url}".rstrip(), key, url))
     return Alert(run_id, report_url, items, dict(doc.get("summary") or {}), str(doc["head"]["path"]))
 
 

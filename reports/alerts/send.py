@@ -35,6 +35,7 @@ def send(
     *,
     run_id: str | None = None,
     report_url: str = "",
+    dashboard_url: str = "",
     state_path: Path | None = None,
     policy: RetryPolicy | None = None,
     log: TextIO | None = None,
@@ -56,7 +57,7 @@ def send(
     if platform.secret_env and not secret:
         log.write(f"opgate alert: {platform.secret_env} is not set; sending unsigned\n")
 
-    alert = from_diff(doc, run_id or default_run_id(doc, env), report_url)
+    alert = from_diff(doc, run_id or default_run_id(doc, env), report_url, dashboard_url)
     state = DedupState.load(state_path)
     alert.items = state.pending(platform.name, alert.items)
     if not alert.items:

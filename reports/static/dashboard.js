@@ -1,10 +1,10 @@
-// opgate dashboard: filterable matrix + per-cell evidence. Data comes from the
-// JSON block #opgate-data; every string reaches the DOM through textContent.
+// opgate dashboard: loads compat.json from beside the page, then a filterable
+// matrix, per-cell evidence and a link of its own for every cell (#cell=<id>).
+// Labels and orders come from the inline layout block (#opgate-layout).
 "use strict";
 (function () {
-  const DATA = JSON.parse(document.getElementById("opgate-data").textContent);
-  const ICON = { pass: "✓", fallback: "⚠", fail: "✗", untested: "–", unsupported: "⊘" };
-  const SEVERITY = ["error", "fail", "flaky", "fallback", "unsupported", "pass", "skip"];
+  const LAYOUT = JSON.parse(document.getElementById("opgate-layout").textContent);
+  const { el } = OpgateEvidence;
   const FILTERS = [
     ["op", "op / impl", (c) => c.row],
     ["column", "environment", (c) => c.column],
@@ -13,30 +13,71 @@
     ["mode", "mode", (c) => c.axes.mode],
     ["verdict", "verdict", (c) => c.verdict],
   ];
-  const columnOrder = DATA.columns.map((c) => c.name);
-  const columnLabel = Object.fromEntries(DATA.columns.map((c) => [c.name, c.label]));
-  const modeOrder = ["eager", "compile", "cudagraphs", "export", "aoti", "build"];
+  const columnOrder = LAYOUT.columns.map((c) => c.name);
+  const columnLabel = Object.fromEntries(LAYOUT.columns.map((c) => [c.name, c.label]));
+  const state = { cells: [], environments: {}, byId: new Map() };
 
-  function el(tag, attrs, text) {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-    if (text !== undefined && text !== null) node.textContent = String(text);
-    return node;
-  }
   function uniq(values) {
     return Array.from(new Set(values)).sort();
   }
   function worst(cells) {
-    return cells.slice().sort((a, b) => SEVERITY.indexOf(a.verdict) - SEVERITY.indexOf(b.verdict))[0];
+    const rank = (c) => LAYOUT.severity.indexOf(c.verdict);
+    return cells.slice().sort((a, b) => rank(a) - rank(b))[0];
+  }
+  function status(stateName, text) {
+    const box = document.getElementById("load-status");
+    box.dataset.state = stateName;
+    box.replaceChildren();
+    if (text) box.appendChild(el("p", {}, text));
+    box.hidden = stateName === "loaded" && !text;
+    return box;
   }
 
+  // ---- the cell link: index.html#cell=<id> ---------------------------------------------------
+  function anchorOf(id) {
+    return "#" + LAYOUT.anchor + encodeURIComponent(id);
+  }
+  function cellFromHash() {
+    const hash = decodeURIComponent(location.hash.slice(1));
+    return hash.startsWith(LAYOUT.anchor) ? hash.slice(LAYOUT.anchor.length) : null;
+  }
+  function markTarget(slot) {
+    for (const old of document.querySelectorAll(".slot.target")) old.classList.remove("target");
+    if (slot) slot.classList.add("target");
+  }
+  function openFromHash() {
+    const id = cellFromHash();
+    if (!state.cells.length) return;
+    if (id === null) {
+      document.getElementById("details").hidden = true;
+      markTarget(null);
+      return;
+    }
+    const group = state.byId.get(id);
+    if (!group) {
+      status("loaded", "No cell " + id + " in this matrix (" + LAYOUT.generated_at + ").");
+      return;
+    }
+    let slot = document.querySelector('.slot[data-cell="' + CSS.escape(id) + '"]');
+    if (!slot) { // hidden by a filter: show everything, then the cell
+      for (const [key] of FILTERS) document.getElementById("f-" + key).value = "";
+      render();
+      slot = document.querySelector('.slot[data-cell="' + CSS.escape(id) + '"]');
+    }
+    markTarget(slot);
+    if (slot) slot.scrollIntoView({ block: "center", inline: "center" });
+    showDetails(group);
+  }
+
+  // ---- filters and the matrix ----------------------------------------------------------------
   function buildFilters() {
     const form = document.getElementById("filters");
+    form.replaceChildren();
     for (const [key, label, get] of FILTERS) {
       const wrap = el("label", {}, label + " ");
       const select = el("select", { id: "f-" + key, name: key });
       select.appendChild(el("option", { value: "" }, "all"));
-      let values = uniq(DATA.cells.map(get));
+      let values = uniq(state.cells.map(get));
       if (key === "column") values = columnOrder.filter((c) => values.includes(c));
       for (const v of values) select.appendChild(el("option", { value: v }, key === "column" ? columnLabel[v] : v));
       select.addEventListener("change", render);
@@ -51,16 +92,9 @@
     form.appendChild(reset);
   }
 
-  function selected() {
-    const out = {};
-    for (const [key, , get] of FILTERS) out[key] = [document.getElementById("f-" + key).value, get];
-    return out;
-  }
-
   function render() {
-    const filters = selected();
-    const cells = DATA.cells.filter((c) =>
-      Object.values(filters).every(([value, get]) => value === "" || get(c) === value));
+    const filters = FILTERS.map(([key, , get]) => [document.getElementById("f-" + key).value, get]);
+    const cells = state.cells.filter((c) => filters.every(([value, get]) => value === "" || get(c) === value));
     const colKeys = [];
     const rows = new Map();
     for (const c of cells) {
@@ -75,7 +109,7 @@
     colKeys.sort((a, b) => {
       const [ca, ma] = a.split("\u0000");
       const [cb, mb] = b.split("\u0000");
-      return columnOrder.indexOf(ca) - columnOrder.indexOf(cb) || modeOrder.indexOf(ma) - modeOrder.indexOf(mb);
+      return columnOrder.indexOf(ca) - columnOrder.indexOf(cb) || LAYOUT.modes.indexOf(ma) - LAYOUT.modes.indexOf(mb);
     });
     const table = document.getElementById("matrix");
     table.replaceChildren();
@@ -104,16 +138,21 @@
         const td = el("td");
         const group = rows.get(rowKey).get(colKey);
         if (group) {
-          const top = worst(group);
-          const button = el("button", {
-            type: "button",
-            class: "slot b-" + top.bucket,
-            "data-cell": top.id,
-            "data-verdict": top.verdict,
-            title: top.id + ": " + group.map((c) => c.verdict).join(", "),
-          }, ICON[top.bucket]);
-          button.addEventListener("click", () => showDetails(group));
-          td.appendChild(button);
+          const head = worst(group);
+          const link = el("a", {
+            href: anchorOf(head.id),
+            class: "slot b-" + head.bucket,
+            "data-cell": head.id,
+            "data-verdict": head.verdict,
+            title: head.id + ": " + group.map((c) => c.verdict).join(", ") + (head.reason ? " · " + head.reason : ""),
+          }, LAYOUT.glyphs[head.bucket]);
+          link.addEventListener("click", (event) => {
+            event.preventDefault(); // a click opens the cell where it is; a followed link scrolls to it
+            history.pushState(null, "", anchorOf(head.id));
+            markTarget(link);
+            showDetails(state.byId.get(head.id));
+          });
+          td.appendChild(link);
           shown += 1;
         }
         tr.appendChild(td);
@@ -122,10 +161,11 @@
     }
     table.append(thead, tbody);
     const count = document.getElementById("count");
-    count.textContent = shown + " cell(s) shown, " + cells.length + " verdict(s) of " + DATA.cells.length;
+    count.textContent = shown + " cell(s) shown, " + cells.length + " verdict(s) of " + state.cells.length;
     count.setAttribute("data-visible", String(shown));
   }
 
+  // ---- one cell's evidence -------------------------------------------------------------------
   function section(parent, title) {
     const box = el("section", { class: "evidence" });
     box.appendChild(el("h4", {}, title));
@@ -133,65 +173,124 @@
     return box;
   }
 
+  function copyButton(label, text) {
+    const button = el("button", { type: "button", class: "copy" }, label);
+    button.addEventListener("click", () => {
+      const done = () => { button.textContent = "copied"; };
+      if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(text).then(done, () => {});
+    });
+    return button;
+  }
+
   function showDetails(group) {
     const panel = document.getElementById("details");
     panel.replaceChildren();
     const close = el("button", { type: "button", class: "close", "aria-label": "close" }, "×");
-    close.addEventListener("click", () => { panel.hidden = true; });
+    close.addEventListener("click", () => {
+      panel.hidden = true;
+      if (cellFromHash() !== null) history.replaceState(null, "", location.pathname + location.search);
+    });
     panel.appendChild(close);
-    panel.appendChild(el("h3", { id: "details-id" }, group[0].id));
+    const id = group[0].id;
+    panel.appendChild(el("h3", { id: "details-id" }, id));
+    const link = el("p", { class: "cell-link" });
+    link.appendChild(el("a", { href: anchorOf(id), id: "details-link" }, "link to this cell"));
+    link.appendChild(copyButton("copy link", location.href.split("#")[0] + anchorOf(id)));
+    panel.appendChild(link);
     for (const c of group) {
-      const env = DATA.environments[c.env_key] || { gpu: "", fingerprint: {} };
-      const head = el("p", { class: "verdict b-" + c.bucket });
-      head.textContent = ICON[c.bucket] + " " + c.verdict + " · " + c.env_key + (env.gpu ? " · " + env.gpu : "");
-      panel.appendChild(head);
+      const fingerprint = state.environments[c.env_key] || {};
+      const gpu = LAYOUT.gpus[c.env_key] || "";
+      panel.appendChild(el("p", { class: "verdict b-" + c.bucket },
+        LAYOUT.glyphs[c.bucket] + " " + c.verdict + " · " + c.env_key + (gpu ? " · " + gpu : "")));
       if (c.reason) panel.appendChild(el("p", { class: "reason" }, c.reason));
       const repro = section(panel, "Re-run this cell");
       repro.appendChild(el("pre", { class: "repro" }, c.repro || "(no command recorded)"));
-      const kernels = section(panel, "Kernels / op events seen");
-      if (c.kernels.length) {
-        const ul = el("ul", { class: "kernels" });
-        for (const k of c.kernels) ul.appendChild(el("li", {}, k));
-        kernels.appendChild(ul);
-      } else {
-        kernels.appendChild(el("p", { class: "muted" }, "none recorded"));
-      }
-      const checks = section(panel, "Checks");
-      const table = el("table", { class: "checks" });
-      const hr = el("tr");
-      for (const h of ["check", "status", "summary", "details", "s"]) hr.appendChild(el("th", {}, h));
-      table.appendChild(hr);
-      for (const check of c.checks) {
-        const tr = el("tr", { class: "s-" + check.status });
-        tr.appendChild(el("td", {}, check.name));
-        tr.appendChild(el("td", {}, check.status));
-        tr.appendChild(el("td", {}, check.summary || ""));
-        const details = el("td");
-        if (check.details && Object.keys(check.details).length) {
-          details.appendChild(el("pre", {}, JSON.stringify(check.details, null, 1)));
-        }
-        tr.appendChild(details);
-        tr.appendChild(el("td", {}, (check.duration_s || 0).toFixed(2)));
-        table.appendChild(tr);
-      }
-      checks.appendChild(table);
-      const errors = c.checks.filter((k) => ["error", "fail"].includes(k.status));
-      if (errors.length) {
-        const box = section(panel, "Errors");
-        for (const k of errors) {
-          const text = (k.details && (k.details.error || k.details.traceback)) || k.summary || k.status;
-          box.appendChild(el("pre", { class: "error" }, String(text).startsWith(k.name) ? text : k.name + ": " + text));
-        }
-      }
+      if (c.repro) repro.appendChild(copyButton("copy command", c.repro));
+      const evidence = c.checks.find((k) => k.name === "evidence");
+      section(panel, "Kernels / op events seen").appendChild(OpgateEvidence.kernelsView(c.kernels, evidence));
+      section(panel, "Checks").appendChild(OpgateEvidence.checksView(c.checks, LAYOUT.severity));
       const meta = section(panel, "Run");
       meta.appendChild(el("p", { class: "muted" },
         "seed " + c.seed + " · attempts " + c.attempts + " · " + c.duration_s + " s"));
-      meta.appendChild(el("pre", { class: "fingerprint" }, JSON.stringify(env.fingerprint, null, 1)));
+      const env = el("details", { class: "fingerprint" });
+      env.appendChild(el("summary", {}, "environment " + c.env_key));
+      env.appendChild(OpgateEvidence.fields(fingerprint, 0));
+      meta.appendChild(env);
     }
     panel.hidden = false;
-    panel.scrollIntoView({ block: "nearest" });
   }
 
-  buildFilters();
-  render();
+  // ---- loading compat.json -------------------------------------------------------------------
+  function start(doc, source) {
+    if (!doc || !Array.isArray(doc.cells)) throw new Error(source + " holds no compat document (no cells)");
+    if (doc.schema_version !== LAYOUT.schema_version) {
+      throw new Error(source + ": schema_version " + doc.schema_version + ", this page reads " + LAYOUT.schema_version);
+    }
+    state.environments = doc.environments || {};
+    state.cells = doc.cells.map((c) => ({
+      ...c,
+      row: c.axes.op + "/" + c.axes.impl,
+      column: LAYOUT.column_of[[c.axes.torch, c.axes.cuda, c.axes.arch].join("|")] || c.axes.arch,
+      bucket: LAYOUT.buckets[c.verdict] || "fail",
+      checks: c.checks || [],
+      kernels: c.kernels || [],
+    }));
+    state.byId = new Map();
+    for (const c of state.cells) {
+      if (!state.byId.has(c.id)) state.byId.set(c.id, []);
+      state.byId.get(c.id).push(c);
+    }
+    const stale = doc.generated_at !== LAYOUT.generated_at;
+    status("loaded", stale ? source + " was published " + doc.generated_at + ", this page " +
+      LAYOUT.generated_at + ": the summary and charts above belong to the page, the matrix to the file." : "");
+    buildFilters();
+    render();
+    openFromHash();
+  }
+
+  function picker(box) {
+    const label = el("label", {}, "Open compat.json: ");
+    const input = el("input", { type: "file", id: "load-file", accept: ".json,application/json" });
+    input.addEventListener("change", () => {
+      const file = input.files && input.files[0];
+      if (!file) return;
+      const reader = new FileReader();
+      reader.onload = () => {
+        try { start(JSON.parse(String(reader.result)), file.name); } catch (err) { failed(err); }
+      };
+      reader.readAsText(file);
+    });
+    label.appendChild(input);
+    box.appendChild(label);
+  }
+
+  function failed(err) {
+    const local = location.protocol === "file:";
+    const box = status("failed", local
+      ? "Opened from a file: browsers do not let a page read " + LAYOUT.data + " from disk, so the matrix " +
+        "is not shown. Choose the " + LAYOUT.data + " next to this page below, or serve the folder " +
+        "and open it over HTTP:"
+      : "Could not load " + LAYOUT.data + " (" + err.message + ").");
+    const folder = decodeURIComponent(location.pathname.replace(/\/[^/]*$/, "")) || ".";
+    if (local) box.appendChild(el("pre", {}, LAYOUT.serve_hint.replace("DIR", "'" + folder + "'")));
+    picker(box);
+  }
+
+  async function load() {
+    window.addEventListener("hashchange", openFromHash);
+    window.addEventListener("popstate", openFromHash);
+    if (location.protocol === "file:") { // fetch of a file: URL is refused; say so, do not try
+      failed(new Error("opened from a file"));
+      return;
+    }
+    try {
+      const answer = await fetch(LAYOUT.data, { cache: "no-cache" });
+      if (!answer.ok) throw new Error("HTTP " + answer.status);
+      start(await answer.json(), LAYOUT.data);
+    } catch (err) {
+      failed(err);
+    }
+  }
+
+  load();
 })();
