@@ -27,6 +27,7 @@ from opgate.matrix.schema import (
 )
 from opgate.matrix.yamlload import YMap, YNode, load_yaml
 from opgate.ops import cost
+from opgate.ops.spec_refs import check_reference, import_root, search_roots
 from opgate.ops.spec_schema import (
     DEVICE_KINDS,
     OPS_DIR,
@@ -117,7 +118,7 @@ class OpSpec:
     copies_allowed: int
     implementations: dict[str, ImplSpec]
     path: Path
-    #: the folder its references import from (an ``--ops-path`` DIR); None for opgate's own
+    #: the folder its references import from (see ``discover``); None for opgate's own
     root: Path | None
     #: several PyTorch ops computed in one kernel (op inventory); declared by the spec
     fused: bool = False
@@ -150,6 +151,18 @@ def _rule(raw: dict[str, Any] | None, base: Evidence | None = None) -> Evidence:
     )
 
 
+def _requires(raw: dict[str, Any]) -> list[str]:
+    """The implementation's ``requires``; a Triton kernel also needs ``triton``.
+
+    A CPU build of torch does not pull Triton in, so without it a Triton op's
+    cells are ``skip`` ("requires triton"), not an ``error`` per cell.
+    """
+    requires = list(raw.get("requires", []))
+    if raw.get("kind") == "triton" and "triton" not in requires:
+        requires.append("triton")
+    return requires
+
+
 def _impl(name: str, raw: dict[str, Any], op: dict[str, Any], spec_dir: Path) -> ImplSpec:
     ev = raw["evidence"]
     default = {dk: _rule(ev[dk]) for dk in DEVICE_KINDS if dk in ev}
@@ -164,7 +177,7 @@ def _impl(name: str, raw: dict[str, Any], op: dict[str, Any], spec_dir: Path) ->
         evidence=default,
         sources=[spec_dir / s for s in raw.get("sources", [])],
         arch_policy=dict(raw.get("arch_policy", {})),
-        requires=list(raw.get("requires", [])),
+        requires=_requires(raw),
         dtypes=list(raw.get("dtypes", op["dtypes"])),
         layouts=list(raw.get("layouts", op["layouts"])),
         modes=list(raw.get("modes", op["modes"])),
@@ -273,6 +286,29 @@ def _cost_checks(data: dict[str, Any], tree: YMap, problems: Problems) -> None:
         problems.add(where, f"cost.{key}: {why}", hint)
 
 
+def _reference_checks(data: dict[str, Any], tree: YMap, root: Path | None, problems: Problems) -> None:
+    """Every ``module:attribute`` of the spec resolves (statically: nothing is imported)."""
+    roots = search_roots(root)
+
+    def check(key: str, node: YNode | None, ref: Any, optional: bool = False) -> None:
+        if node is not None and isinstance(ref, str) and valid(ref):
+            problem = check_reference(ref, roots, optional=optional)
+            if problem:
+                problems.add(node.where, f"{key}: {problem}")
+
+    for key in ("reference", "samples"):
+        check(key, tree.get(key), data.get(key))
+    impls, nodes = data.get("implementations"), tree.get("implementations")
+    if not (isinstance(impls, dict) and isinstance(nodes, YMap)):
+        return
+    for name, raw in impls.items():
+        node = nodes.get(name)
+        if isinstance(raw, dict) and isinstance(node, YMap):
+            optional = bool(raw.get("requires"))  # a distribution that may be absent: its cells skip
+            for key in ("module", "entry"):
+                check(f"implementations.{name}.{key}", node.get(key), raw.get(key), optional)
+
+
 def load_spec(path: Path, root: Path | None) -> OpSpec:
     """Validate one spec file; ``root`` is the directory its module references import from."""
     path = Path(path)
@@ -291,6 +327,7 @@ def load_spec(path: Path, root: Path | None) -> OpSpec:
                 node = impl_nodes.get(name)
                 if isinstance(raw, dict) and node is not None:
                     _impl_checks(name, raw, data, node, spec_dir=path.parent, problems=problems)
+        _reference_checks(data, tree, root, problems)
     problems.raise_if_any()
     impls = {n: _impl(n, raw, data, path.parent) for n, raw in data["implementations"].items()}
     return OpSpec(
@@ -323,21 +360,23 @@ def discover(extra_paths: Sequence[Path] = ()) -> list[tuple[Path, Path | None]]
     opgate's own ops import as ``opgate.ops.*`` and get no import root: their
     folder is never put on ``sys.path``, so a user package named ``ops`` (or
     ``matrix``...) is never shadowed by opgate's.  An ``--ops-path`` DIR is its
-    specs' import root.
+    specs' import root, or the folder above it when DIR is a package
+    (:func:`ops.spec_refs.import_root`).
     """
     found: list[tuple[Path, Path | None]] = [(p, None) for p in sorted(OPS_DIR.glob("*/spec.yaml"))]
     for raw_dir in extra_paths:
         directory = Path(raw_dir).resolve()
         if not directory.is_dir():
             raise UsageError(f"--ops-path {raw_dir}: not a directory")
-        found += [(p, directory) for p in sorted(directory.glob("*/spec.yaml"))]
+        root = import_root(directory)
+        found += [(p, root) for p in sorted(directory.glob("*/spec.yaml"))]
         for p in sorted(directory.glob("*.yaml")):
             try:
                 holds_spec = bool(_HOLDS_SPEC.search(p.read_text(encoding="utf-8", errors="replace")))
             except OSError as exc:
                 raise ConfigError(f"cannot read {p}: {exc}") from exc
             if holds_spec:
-                found.append((p, directory))
+                found.append((p, root))
     return found
 
 
