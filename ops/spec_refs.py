@@ -119,12 +119,13 @@ def bound_names(path: Path) -> frozenset[str] | None:
     except (OSError, SyntaxError, ValueError):
         return None  # a broken file is the worker's error to report, with its traceback
     names: set[str] = set()
-    todo: list[ast.stmt] = list(tree.body)
+    todo: list[ast.AST] = list(tree.body)
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue  # what a body binds is local to it
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 if alias.name == "*":
                     return None
@@ -135,9 +136,7 @@ def bound_names(path: Path) -> frozenset[str] | None:
                 names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
         # names bound under a top-level if/try/with/for count as well (import fallbacks)
         for field in ("body", "orelse", "finalbody", "handlers"):
-            todo.extend(s for s in getattr(node, field, []) if isinstance(s, (ast.stmt, ast.excepthandler)))
-        if isinstance(node, ast.ExceptHandler) and node.name:
-            names.add(node.name)
+            todo.extend(getattr(node, field, []))
     if "__getattr__" in names:
         return None
     return frozenset(names)

@@ -122,6 +122,8 @@ def test_what_cannot_be_decided_statically_is_accepted(tmp_path: Path) -> None:
     for ref in ("lazy:anything", "star:join", "pkg:sub", "os.path:join", "json:dumps.__doc__"):
         assert check_reference(ref, [tmp_path]) is None, ref
     assert "defines no 'nope'" in (check_reference("json:nope", [tmp_path]) or "")
+    (tmp_path / "local.py").write_text("def f():\n    g = 1\n")
+    assert "defines no 'g'" in (check_reference("local:g", [tmp_path]) or "")  # local to f
 
 
 def test_a_required_distribution_may_be_absent(tmp_path: Path) -> None:
