@@ -116,7 +116,7 @@ LINT_COMMANDS: tuple[tuple[str, ...], ...] = (
 #: What a session needs beyond Python packages, on a bare Debian/Ubuntu machine: command -> package.
 #: chromium: the HTML report's browser test; shellcheck: actionlint checks workflows' run: scripts.
 SYSTEM_PACKAGES: dict[str, dict[str, str]] = {
-    "tests": {"chromium": "chromium"},
+    "tests": {"chromium": "chromium", "shellcheck": "shellcheck"},
     "lint": {"shellcheck": "shellcheck"},
 }
 #: Where the liger-kernel specs live unless the session is given ``--ops-path``.

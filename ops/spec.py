@@ -27,7 +27,7 @@ from opgate.matrix.schema import (
 )
 from opgate.matrix.yamlload import YMap, YNode, load_yaml
 from opgate.ops import cost
-from opgate.ops.spec_refs import check_reference, import_root, search_roots
+from opgate.ops.spec_refs import import_root, reference_problems
 from opgate.ops.spec_schema import (
     DEVICE_KINDS,
     OPS_DIR,
@@ -286,29 +286,6 @@ def _cost_checks(data: dict[str, Any], tree: YMap, problems: Problems) -> None:
         problems.add(where, f"cost.{key}: {why}", hint)
 
 
-def _reference_checks(data: dict[str, Any], tree: YMap, root: Path | None, problems: Problems) -> None:
-    """Every ``module:attribute`` of the spec resolves (statically: nothing is imported)."""
-    roots = search_roots(root)
-
-    def check(key: str, node: YNode | None, ref: Any, optional: bool = False) -> None:
-        if node is not None and isinstance(ref, str) and valid(ref):
-            problem = check_reference(ref, roots, optional=optional)
-            if problem:
-                problems.add(node.where, f"{key}: {problem}")
-
-    for key in ("reference", "samples"):
-        check(key, tree.get(key), data.get(key))
-    impls, nodes = data.get("implementations"), tree.get("implementations")
-    if not (isinstance(impls, dict) and isinstance(nodes, YMap)):
-        return
-    for name, raw in impls.items():
-        node = nodes.get(name)
-        if isinstance(raw, dict) and isinstance(node, YMap):
-            optional = bool(raw.get("requires"))  # a distribution that may be absent: its cells skip
-            for key in ("module", "entry"):
-                check(f"implementations.{name}.{key}", node.get(key), raw.get(key), optional)
-
-
 def load_spec(path: Path, root: Path | None) -> OpSpec:
     """Validate one spec file; ``root`` is the directory its module references import from."""
     path = Path(path)
@@ -327,7 +304,7 @@ def load_spec(path: Path, root: Path | None) -> OpSpec:
                 node = impl_nodes.get(name)
                 if isinstance(raw, dict) and node is not None:
                     _impl_checks(name, raw, data, node, spec_dir=path.parent, problems=problems)
-        _reference_checks(data, tree, root, problems)
+        reference_problems(data, tree, root, problems)
     problems.raise_if_any()
     impls = {n: _impl(n, raw, data, path.parent) for n, raw in data["implementations"].items()}
     return OpSpec(

@@ -29,6 +29,10 @@ import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from opgate.matrix.schema import Problems, valid
+from opgate.matrix.yamlload import YMap, YNode
 
 #: The folder holding opgate's stages: the checkout's root, or ``site-packages/opgate``.
 OPGATE_DIR = Path(__file__).resolve().parent.parent
@@ -188,3 +192,26 @@ def search_roots(root: Path | None) -> list[Path]:
     which puts the working directory first on ``sys.path``.
     """
     return [*([root] if root is not None else []), Path.cwd()]
+
+
+def reference_problems(data: dict[str, Any], tree: YMap, root: Path | None, problems: Problems) -> None:
+    """Add a problem, at the key's line, for every reference of the spec that does not resolve."""
+    roots = search_roots(root)
+
+    def check(key: str, node: YNode | None, ref: Any, optional: bool = False) -> None:
+        if node is not None and isinstance(ref, str) and valid(ref):
+            problem = check_reference(ref, roots, optional=optional)
+            if problem:
+                problems.add(node.where, f"{key}: {problem}")
+
+    for key in ("reference", "samples"):
+        check(key, tree.get(key), data.get(key))
+    impls, nodes = data.get("implementations"), tree.get("implementations")
+    if not (isinstance(impls, dict) and isinstance(nodes, YMap)):
+        return
+    for name, raw in impls.items():
+        node = nodes.get(name)
+        if isinstance(raw, dict) and isinstance(node, YMap):
+            optional = bool(raw.get("requires"))  # a distribution that may be absent: its cells skip
+            for key in ("module", "entry"):
+                check(f"implementations.{name}.{key}", node.get(key), raw.get(key), optional)

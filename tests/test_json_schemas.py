@@ -71,7 +71,7 @@ def test_bad_matrix_files_fail_both(name: str, *, schema_sees_it: bool) -> None:
     ("old", "new"),
     [
         ("dtypes: [fp32, fp16, bf16]", "dtpyes: [fp32, fp16, bf16]"),  # unknown key
-        ("module: norm", "module: nrom"),  # enum
+        ("category: norm", "category: nrom"),  # enum
         ("k: 2.0", "k: -1"),  # exclusive minimum
         ("kind: triton", "kind: trton"),
         ("op: rms_norm", "op: Rms-Norm"),  # pattern

@@ -8,6 +8,7 @@ README's first command on a Python without nox.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -123,7 +124,9 @@ def test_noxfile_bootstraps_nox_on_a_bare_python(tmp_path: Path) -> None:
     assert f"{bare} has no torch installed" in installed.stdout + installed.stderr
 
 
+@functools.cache
 def _noxfile() -> Any:
+    """noxfile.py as a module, loaded once (a second load re-registers every session)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("opgate_noxfile", NOXFILE)
@@ -137,7 +140,7 @@ def _noxfile() -> Any:
 def test_sessions_install_the_debian_packages_their_tests_need(monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's test command provisions the browser itself (as root, or with passwordless sudo)."""
     noxfile = _noxfile()
-    assert noxfile.SYSTEM_PACKAGES["tests"] == {"chromium": "chromium"}
+    assert noxfile.SYSTEM_PACKAGES["tests"]["chromium"] == "chromium"
     found = {"apt-get": "/usr/bin/apt-get", "sudo": "/usr/bin/sudo"}
     monkeypatch.setattr(shutil, "which", found.get)
     monkeypatch.setattr(os, "geteuid", lambda: 0)

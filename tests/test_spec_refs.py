@@ -16,7 +16,7 @@ SPEC = """\
 spec_version: 1
 op: my_op
 summary: "x * y"
-module: other
+category: other
 reference: {reference}
 samples: ops.my_op.reference:sample_inputs
 shapes:
