@@ -5,6 +5,7 @@ never depend on the machine:
 
     tests                     the project's test suite (torch 2.13.0 + triton 3.8.0 venv)
     lint                      ruff, ruff format --check, mypy, actionlint, zizmor (LINT_COMMANDS)
+    wheel                     build the wheel, install it as a team would, validate a new op with it
     matrix(torch=2.13.0)      the default matrix in a venv with that torch (and its triton)
     matrix(torch=2.14.1)      same, CUDA 13 build of torch (runs on CPU where there is no GPU)
     matrix(torch=installed)   the Python that started nox, as it is (GPU boxes, no network)
@@ -112,6 +113,12 @@ LINT_COMMANDS: tuple[tuple[str, ...], ...] = (
     # workflows and dependabot.yml; deliberate findings are explained in .github/zizmor.yml
     ("zizmor", "--offline", "--persona=pedantic", "--config", ".github/zizmor.yml", ".github"),
 )
+#: What a session needs beyond Python packages, on a bare Debian/Ubuntu machine: command -> package.
+#: chromium: the HTML report's browser test; shellcheck: actionlint checks workflows' run: scripts.
+SYSTEM_PACKAGES: dict[str, dict[str, str]] = {
+    "tests": {"chromium": "chromium", "shellcheck": "shellcheck"},
+    "lint": {"shellcheck": "shellcheck"},
+}
 #: Where the liger-kernel specs live unless the session is given ``--ops-path``.
 LIGER_SPECS = Path("ops/external/liger")
 #: liger specs name their ops ``liger_*`` (e.g. ``liger_rms_norm``).
@@ -166,6 +173,46 @@ def checkout_path() -> Path:
         link.unlink(missing_ok=True)
         link.symlink_to(ROOT, target_is_directory=True)
     return shim
+
+
+def apt_commands(packages: list[str]) -> list[list[str]] | None:
+    """The apt-get commands that install ``packages`` here: as root, or through passwordless sudo.
+
+    None when neither is possible (or there is no apt-get): the caller says what to install.
+    """
+    if not packages or shutil.which("apt-get") is None:
+        return None
+    prefix: list[str] = []
+    if os.geteuid() != 0:
+        sudo = shutil.which("sudo")
+        if sudo is None or subprocess.run([sudo, "-n", "true"], capture_output=True, check=False).returncode:
+            return None
+        prefix = [sudo, "-n"]
+    install = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-qq"]
+    return [[*prefix, "apt-get", "update", "-qq"], [*prefix, *install, "--no-install-recommends", *packages]]
+
+
+def provision(session: nox.Session) -> None:
+    """Install the Debian packages this session's tools need (``SYSTEM_PACKAGES``) when they are missing.
+
+    The README's commands are all a newcomer runs, on a bare machine too; where
+    nothing can be installed (no root, no sudo, no apt-get) the session says
+    what is missing and goes on, and the tests that need it fail saying so:
+    nothing is skipped silently.
+    """
+    needed = SYSTEM_PACKAGES.get(session.name, {})
+    missing = sorted({pkg for command, pkg in needed.items() if shutil.which(command) is None})
+    if not missing:
+        return
+    commands = apt_commands(missing)
+    if commands is None:
+        session.warn(
+            f"missing {', '.join(missing)} and no way to install it here (needs root or sudo, and apt-get): "
+            f"install {' '.join(missing)}; the tests that need it fail until then"
+        )
+        return
+    for command in commands:
+        session.run(*command, external=True)
 
 
 def install_torch_env(session: nox.Session, torch: str) -> None:
@@ -290,6 +337,7 @@ _register_matrix_sessions()
 @nox.session(reuse_venv=True)
 def tests(session: nox.Session) -> None:
     """The project's test suite.  pytest's exit 5 (nothing collected) fails the session."""
+    provision(session)
     install_torch_env(session, TEST_TORCH)
     session.install(*EXTRAS["test"])
     session.run("python", "-m", "pytest", *session.posargs)
@@ -298,6 +346,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(reuse_venv=True)
 def lint(session: nox.Session) -> None:
     """ruff, formatting, mypy (against torch's own types), actionlint and zizmor on the workflows."""
+    provision(session)
     install_torch_env(session, TEST_TORCH)
     session.install(*EXTRAS["lint"])
     for command in LINT_COMMANDS:
@@ -317,6 +366,19 @@ def _external(session: nox.Session, distribution: str, specs: Path, select: str,
         # --ops-path adds specs beside the first-party ones: keep the run to the library's.
         args += ["--select", select]
     session.run("python", "-m", "opgate.validators", "run", "--out", str(RUNS / run), *args)
+
+
+@nox.session(reuse_venv=True, default=False)
+def wheel(session: nox.Session) -> None:
+    """The wheel as a team installs it (tests/test_wheel.py, also part of ``tests``).
+
+    Built from the checkout, installed into a fresh venv beside PyPI's
+    ``validators``; ``opgate init`` scaffolds an op in a repository whose package
+    is ``ops``, and the installed ``opgate run`` validates it.  Only pytest is
+    needed here: the test makes its own venv.
+    """
+    session.install("pytest>=8")
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "tests/test_wheel.py", *session.posargs)
 
 
 @nox.session(reuse_venv=True, default=False)

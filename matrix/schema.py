@@ -6,7 +6,8 @@ both.  A schema here is a tree of small validators (:class:`Str`,
 :class:`Enum`, :class:`ListOf`, :class:`Record`, ...).  ``validate`` walks the
 YAML tree once, records *every* problem (so one run shows them all) and
 returns plain Python values; callers add their own cross-field checks to the
-same :class:`Problems` before raising.
+same :class:`Problems` before raising.  The JSON Schemas published for editors
+are written from these same validators (:mod:`matrix.json_schemas`).
 """
 
 from __future__ import annotations

@@ -116,8 +116,11 @@ def torch_cuda_problem(toolchain: Toolchain) -> str | None:
 
 
 def cache_root() -> Path:
+    """``$OPGATE_BUILD_CACHE``, else the user cache's ``builds`` (never site-packages)."""
+    from opgate.validators.cache import user_cache_dir
+
     env = os.environ.get("OPGATE_BUILD_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "opgate" / "builds"
+    return Path(env) if env else user_cache_dir() / "builds"
 
 
 def build_key(

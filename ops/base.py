@@ -16,19 +16,30 @@ import torch
 
 @dataclass
 class SampleInput:
-    """Contiguous inputs for one shape.
+    """Contiguous inputs for one shape (every field is described in ``ops/SPEC.md``).
 
-    ``layout_args``: positions of tensor args that receive the cell's layout
-    (e.g. ``x`` but not the weight ``w``).  ``grad_args``: positions of
-    differentiable tensor args.  ``broadcastable``: positions whose value may be
-    a stride-0 expanded view (only then is the ``broadcast`` layout generated).
+    ``args``/``kwargs``: the call, ``op(*args, **kwargs)``, for the op, the
+    reference and (upcast) the float64 oracle.  ``layout_args``: positions of
+    tensor args that receive the cell's layout (e.g. ``x`` but not the weight
+    ``w``).  ``grad_args``: positions of differentiable tensor args; by default
+    every floating-point tensor in ``args`` (what autograd would differentiate),
+    and ``()`` for a forward-only op, whose gradient checks then do not apply.
+    ``broadcastable``: positions whose value may be a stride-0 expanded view
+    (only then is the ``broadcast`` layout generated).
     """
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     layout_args: tuple[int, ...] = (0,)
-    grad_args: tuple[int, ...] = (0,)
+    grad_args: tuple[int, ...] | None = None  # None: every floating tensor (see differentiable)
     broadcastable: tuple[int, ...] = ()
+
+    def differentiable(self) -> tuple[int, ...]:
+        """``grad_args``, or (not given) the position of every floating-point tensor in ``args``."""
+        if self.grad_args is not None:
+            return tuple(self.grad_args)
+        args = self.args
+        return tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point())
 
     def tensors(self) -> list[torch.Tensor]:
         return [a for a in self.args if isinstance(a, torch.Tensor)]

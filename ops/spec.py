@@ -27,6 +27,7 @@ from opgate.matrix.schema import (
 )
 from opgate.matrix.yamlload import YMap, YNode, load_yaml
 from opgate.ops import cost
+from opgate.ops.spec_refs import import_root, reference_problems
 from opgate.ops.spec_schema import (
     DEVICE_KINDS,
     OPS_DIR,
@@ -117,7 +118,7 @@ class OpSpec:
     copies_allowed: int
     implementations: dict[str, ImplSpec]
     path: Path
-    #: the folder its references import from (an ``--ops-path`` DIR); None for opgate's own
+    #: the folder its references import from (see ``discover``); None for opgate's own
     root: Path | None
     #: several PyTorch ops computed in one kernel (op inventory); declared by the spec
     fused: bool = False
@@ -150,6 +151,18 @@ def _rule(raw: dict[str, Any] | None, base: Evidence | None = None) -> Evidence:
     )
 
 
+def _requires(raw: dict[str, Any]) -> list[str]:
+    """The implementation's ``requires``; a Triton kernel also needs ``triton``.
+
+    A CPU build of torch does not pull Triton in, so without it a Triton op's
+    cells are ``skip`` ("requires triton"), not an ``error`` per cell.
+    """
+    requires = list(raw.get("requires", []))
+    if raw.get("kind") == "triton" and "triton" not in requires:
+        requires.append("triton")
+    return requires
+
+
 def _impl(name: str, raw: dict[str, Any], op: dict[str, Any], spec_dir: Path) -> ImplSpec:
     ev = raw["evidence"]
     default = {dk: _rule(ev[dk]) for dk in DEVICE_KINDS if dk in ev}
@@ -164,7 +177,7 @@ def _impl(name: str, raw: dict[str, Any], op: dict[str, Any], spec_dir: Path) ->
         evidence=default,
         sources=[spec_dir / s for s in raw.get("sources", [])],
         arch_policy=dict(raw.get("arch_policy", {})),
-        requires=list(raw.get("requires", [])),
+        requires=_requires(raw),
         dtypes=list(raw.get("dtypes", op["dtypes"])),
         layouts=list(raw.get("layouts", op["layouts"])),
         modes=list(raw.get("modes", op["modes"])),
@@ -291,6 +304,7 @@ def load_spec(path: Path, root: Path | None) -> OpSpec:
                 node = impl_nodes.get(name)
                 if isinstance(raw, dict) and node is not None:
                     _impl_checks(name, raw, data, node, spec_dir=path.parent, problems=problems)
+        reference_problems(data, tree, root, problems)
     problems.raise_if_any()
     impls = {n: _impl(n, raw, data, path.parent) for n, raw in data["implementations"].items()}
     return OpSpec(
@@ -323,21 +337,23 @@ def discover(extra_paths: Sequence[Path] = ()) -> list[tuple[Path, Path | None]]
     opgate's own ops import as ``opgate.ops.*`` and get no import root: their
     folder is never put on ``sys.path``, so a user package named ``ops`` (or
     ``matrix``...) is never shadowed by opgate's.  An ``--ops-path`` DIR is its
-    specs' import root.
+    specs' import root, or the folder above it when DIR is a package
+    (:func:`ops.spec_refs.import_root`).
     """
     found: list[tuple[Path, Path | None]] = [(p, None) for p in sorted(OPS_DIR.glob("*/spec.yaml"))]
     for raw_dir in extra_paths:
         directory = Path(raw_dir).resolve()
         if not directory.is_dir():
             raise UsageError(f"--ops-path {raw_dir}: not a directory")
-        found += [(p, directory) for p in sorted(directory.glob("*/spec.yaml"))]
+        root = import_root(directory)
+        found += [(p, root) for p in sorted(directory.glob("*/spec.yaml"))]
         for p in sorted(directory.glob("*.yaml")):
             try:
                 holds_spec = bool(_HOLDS_SPEC.search(p.read_text(encoding="utf-8", errors="replace")))
             except OSError as exc:
                 raise ConfigError(f"cannot read {p}: {exc}") from exc
             if holds_spec:
-                found.append((p, directory))
+                found.append((p, root))
     return found
 
 

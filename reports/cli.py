@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 #: subcommand -> (module whose ``main(argv)`` runs it, one-line help).
 COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("opgate.matrix.scaffold", "scaffold a new op folder: spec, reference, Triton kernel, test"),
     "list": ("opgate.matrix.__main__", "print the matrix's cell ids (never imports torch)"),
     "plan": ("opgate.matrix.__main__", "shard the cells for CI"),
     "run": ("opgate.validators.__main__", "validate the cells this machine can run"),
@@ -29,8 +30,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("opgate.reports.__main__", "what changed between two compat.json files"),
     "alert": ("opgate.reports.__main__", "post a diff's regressions to chat platforms"),
 }
-#: ``opgate perf bench`` is ``python -m opgate.validators.perf bench``: the word names the module.
-_STRIPPED = frozenset({"perf"})
+#: Commands whose module's parser does not expect the command word: ``opgate perf bench`` is
+#: ``python -m opgate.validators.perf bench``, ``opgate init DIR`` ``python -m opgate.matrix.scaffold DIR``.
+_STRIPPED = frozenset({"perf", "init"})
 
 
 def _usage() -> str:

@@ -197,6 +197,9 @@ def _spec_text(impl: str) -> str:
 
 def test_spec_rules_for_binaries(tmp_path: Path) -> None:
     path = tmp_path / "spec.yaml"
+    (tmp_path / "a").mkdir()  # the references must resolve: a/b.py defines c and d
+    (tmp_path / "a" / "__init__.py").write_text("")
+    (tmp_path / "a" / "b.py").write_text("def c(x): ...\n\n\ndef d(*args): ...\n")
     ev = "    evidence: {cuda: {expect: [k]}}\n"
     path.write_text(_spec_text("    kind: external\n    entry: a.b:c\n    modes: [eager, build]\n" + ev))
     with pytest.raises(ConfigError, match="build of an external implementation needs binaries"):

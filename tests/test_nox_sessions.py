@@ -8,6 +8,7 @@ README's first command on a Python without nox.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOXFILE = ROOT / "noxfile.py"
 PINNED = ["matrix(torch=2.13.0)", "matrix(torch=2.14.1)"]
 INSTALLED = "matrix(torch=installed)"
-ALL_SESSIONS = {*PINNED, INSTALLED, "tests", "lint", "liger", "bitsandbytes"}
+ALL_SESSIONS = {*PINNED, INSTALLED, "tests", "lint", "liger", "bitsandbytes", "wheel"}
 CPU_CELL = "rms_norm.triton-*-cpu-fp32-contiguous-eager"
 SKIP_CELL = "rms_norm.triton-*-sm_90-fp32-contiguous-eager"
 
@@ -123,8 +124,9 @@ def test_noxfile_bootstraps_nox_on_a_bare_python(tmp_path: Path) -> None:
     assert f"{bare} has no torch installed" in installed.stdout + installed.stderr
 
 
-def test_strict_mode_counts_the_gates_red_verdicts(tmp_path: Path) -> None:
-    """``OPGATE_STRICT=1`` rejects exactly what ``Verdict.is_bad`` rejects (no second list)."""
+@functools.cache
+def _noxfile() -> Any:
+    """noxfile.py as a module, loaded once (a second load re-registers every session)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("opgate_noxfile", NOXFILE)
@@ -132,6 +134,31 @@ def test_strict_mode_counts_the_gates_red_verdicts(tmp_path: Path) -> None:
     assert spec.loader is not None
     noxfile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(noxfile)
+    return noxfile
+
+
+def test_sessions_install_the_debian_packages_their_tests_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's test command provisions the browser itself (as root, or with passwordless sudo)."""
+    noxfile = _noxfile()
+    assert noxfile.SYSTEM_PACKAGES["tests"]["chromium"] == "chromium"
+    found = {"apt-get": "/usr/bin/apt-get", "sudo": "/usr/bin/sudo"}
+    monkeypatch.setattr(shutil, "which", found.get)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    update, install = noxfile.apt_commands(["chromium"])
+    assert update == ["apt-get", "update", "-qq"]
+    assert install[-2:] == ["--no-install-recommends", "chromium"]
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
+    assert noxfile.apt_commands(["chromium"])[1][:2] == ["/usr/bin/sudo", "-n"]
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1))  # sudo asks
+    assert noxfile.apt_commands(["chromium"]) is None  # the session then says what to install
+    tests_session = (ROOT / "noxfile.py").read_text().split("def tests(", 1)[1].split("\n\n\n", 1)[0]
+    assert "provision(session)" in tests_session
+
+
+def test_strict_mode_counts_the_gates_red_verdicts(tmp_path: Path) -> None:
+    """``OPGATE_STRICT=1`` rejects exactly what ``Verdict.is_bad`` rejects (no second list)."""
+    noxfile = _noxfile()
     verdicts = ["pass", "fallback", "flaky", "skip", "unsupported", "fail", "error"]
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"cells": [{"id": f"c-{v}", "verdict": v} for v in verdicts]}))

@@ -213,13 +213,50 @@ def test_progress_bar_only_on_a_terminal() -> None:
     off = Tty()
     Progress(3, enabled=False, stream=off).update(result)
     assert off.getvalue() == ""
-    bar = Progress(3, enabled=True, stream=Tty())
+    bar = Progress(3, enabled=True, stream=Tty(), log=Tty())
     bar.update(result)
     assert "1/3" in bar.line()
     assert "pass 1" in bar.line()
+    assert bar.log.getvalue() == ""  # a terminal gets the bar, not lines
+
+
+def test_progress_lines_without_a_terminal() -> None:
+    """CI and ``| tee``: one line per finished cell on stdout, with elapsed time and ETA; no bar."""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    bar, log = Tty(), io.StringIO()
+    progress = Progress(4, enabled=True, stream=bar, log=log)
+    for verdict in (Verdict.PASS, Verdict.FAIL):
+        progress.update(CellResult(cell(), verdict, env={}, duration_s=2.5))
+    progress.close()
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[1].startswith("[2/4] fail ")
+    assert f"2.5 s  {cell().id}  elapsed 00:00  eta 00:00" in lines[1]
+    assert bar.getvalue() == ""  # `| tee` to a terminal: lines only, never a bar among them
+    quiet = io.StringIO()
+    Progress(4, enabled=False, log=quiet).update(CellResult(cell(), Verdict.PASS, env={}))
+    assert quiet.getvalue() == ""  # --no-progress
 
 
 def test_default_jobs_one_per_core_on_small_machines_half_on_large() -> None:
     cores = os.cpu_count() or 1
     assert device.default_jobs() == (cores if cores <= 4 else cores // 2)
     assert device.threads_per_worker(device.default_jobs()) * device.default_jobs() <= max(cores, 1)
+
+
+def test_summary_names_each_bad_cell_with_its_reason_and_repro(tmp_path: Path) -> None:
+    from opgate.validators.progress import format_summary
+    from opgate.validators.result import RunResults
+
+    reason = "correctness: err 0.5 > allowed 0.1"
+    bad = CellResult(cell(), Verdict.FAIL, env={}, reason=reason, repro="opgate run X")
+    good = CellResult(cell("sm_90"), Verdict.PASS, env={}, repro="opgate run Y")
+    text = format_summary(RunResults(cells=[bad, good], env={"env_key": "e"}), 1.0, 0, tmp_path)
+    lines = text.splitlines()
+    at = lines.index(f"  fail     {bad.id}: correctness: err 0.5 > allowed 0.1")
+    assert lines[at + 1] == "           repro: opgate run X"
+    assert "opgate run Y" not in text  # a passing cell needs no repro

@@ -129,7 +129,7 @@ def spec_errors(tmp_path: Path, old: str, new: str, source: Path = TOY) -> list[
     bad.write_text(text.replace(old, new, 1))
     shutil.copy(OPS / "toy" / "toy.cu", tmp_path / "toy.cu")
     with pytest.raises(ConfigError) as info:
-        load_spec(bad, tmp_path)
+        load_spec(bad, OPS)  # the copy's references import from toy_ref.py, in OPS
     errs = info.value.errors if isinstance(info.value, ConfigErrors) else [info.value]
     for e in errs:
         assert e.where is not None

@@ -60,7 +60,9 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="input seed for every cell (repro; bypasses the cache); default: fresh per cell",
     )
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (terminal) nor per-cell lines (CI)"
+    )
     run.add_argument("--no-cache", action="store_true", help="re-run every cell (still refreshes the cache)")
     run.add_argument(
         "--cache-dir",

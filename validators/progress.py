@@ -1,10 +1,13 @@
-"""Progress bar for long runs, and the terminal summary at the end.
+"""Progress of a long run, and the summary at the end.
 
-The bar goes to stderr and only to a terminal: CI logs stay clean, and a
-``--no-progress`` switch covers terminals that do not want it.  tqdm is used
-when installed; otherwise a one-line bar needs nothing.  The summary is the
-part a human reads after a run: verdict counts, wall time, the slowest cells,
-and every bad cell with its reason.
+On a terminal, a bar on stderr (tqdm when installed, else a one-line bar).
+Without one (CI, ``| tee``, a file), one line per finished cell on stdout with
+its verdict, time, the elapsed time and an ETA: a CI log shows the run moving
+instead of minutes of silence, and a killed job shows where it was.  The bar
+needs both streams on a terminal, so ``| tee`` never interleaves a bar with
+lines.  ``--no-progress`` silences both.  The summary is the part a human
+reads after a run: verdict counts, wall time, the slowest cells, and every bad
+cell with its reason and the one command that re-runs it.
 """
 
 from __future__ import annotations
@@ -47,16 +50,28 @@ def _has_width(stream: TextIO) -> bool:
         return False
 
 
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or unusual stream reads as "not a terminal"
+        return False
+
+
 class Progress:
     """``update`` once per finished cell; ``close`` at the end (also on interrupt)."""
 
-    def __init__(self, total: int, enabled: bool = True, stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stderr
+    def __init__(
+        self, total: int, enabled: bool = True, stream: TextIO | None = None, log: TextIO | None = None
+    ) -> None:
+        self.stream = stream or sys.stderr  # the bar's
+        self.log = log or sys.stdout  # the per-cell lines'
         self.total = total
         self.done = 0
         self.counts: collections.Counter[Verdict] = collections.Counter()
         self.t0 = time.monotonic()
-        self.enabled = enabled and total > 0 and self.stream.isatty()
+        on = enabled and total > 0
+        self.lines = on and not _isatty(self.log)
+        self.enabled = on and _isatty(self.stream) and not self.lines
         self._tqdm: Any = None
         if self.enabled:
             try:
@@ -77,6 +92,8 @@ class Progress:
     def update(self, result: CellResult) -> None:
         self.done += 1
         self.counts[result.verdict] += 1
+        if self.lines:
+            self._write_line(result)
         if not self.enabled:
             return
         if self._tqdm is not None:
@@ -86,10 +103,28 @@ class Progress:
         self.stream.write("\r" + self.line(result.id) + "\x1b[K")
         self.stream.flush()
 
+    def _elapsed_eta(self) -> tuple[float, float]:
+        elapsed = time.monotonic() - self.t0
+        return elapsed, (elapsed / self.done * (self.total - self.done) if self.done else 0.0)
+
+    def cell_line(self, result: CellResult) -> str:
+        """``[ 12/345] fail          3.1 s  <cell id>  elapsed 00:32  eta 04:10``."""
+        elapsed, eta = self._elapsed_eta()
+        return (
+            f"[{self.done:>{len(str(self.total))}}/{self.total}] {result.verdict.value:<11} "
+            f"{result.duration_s:6.1f} s  {result.id}  elapsed {_clock(elapsed)}  eta {_clock(eta)}"
+        )
+
+    def _write_line(self, result: CellResult) -> None:
+        try:
+            self.log.write(self.cell_line(result) + "\n")
+            self.log.flush()
+        except (BrokenPipeError, ValueError):  # `| head` closed it: the run goes on, silently
+            self.lines = False
+
     def line(self, last: str = "") -> str:
         """``[=====>    ]  12/345  pass 10  fail 1  00:32 eta 04:10  <last cell>``."""
-        elapsed = time.monotonic() - self.t0
-        eta = elapsed / self.done * (self.total - self.done) if self.done else 0.0
+        elapsed, eta = self._elapsed_eta()
         width = 20
         filled = width * self.done // max(1, self.total)
         bar = "=" * filled + (">" if filled < width else "") + " " * max(0, width - filled - 1)
@@ -135,7 +170,10 @@ def format_summary(
     if ran[:slowest]:
         lines.append("  slowest: " + ", ".join(f"{c.id} {c.duration_s:.1f} s" for c in ran[:slowest]))
     bad = [c for c in run.cells if c.verdict.is_bad]
-    lines += [f"  {c.verdict.value:<8} {c.id}: {c.reason or _first_bad_check(c)}" for c in bad[:max_bad]]
+    for c in bad[:max_bad]:
+        lines.append(f"  {c.verdict.value:<8} {c.id}: {c.reason or _first_bad_check(c)}")
+        if c.repro:
+            lines.append(f"           repro: {c.repro}")
     if len(bad) > max_bad:
         lines.append(f"  ... and {len(bad) - max_bad} more bad cells (see results.json)")
     skips = collections.Counter(c.reason for c in run.cells if c.verdict is Verdict.SKIP)

@@ -74,9 +74,11 @@ class Toolchain:
 
 
 def toolchains_root() -> Path:
-    """Cache root for PyPI-installed toolkits (``$OPGATE_TOOLCHAINS`` or ``~/.cache/opgate/toolchains``)."""
+    """Where PyPI-installed toolkits go: ``$OPGATE_TOOLCHAINS``, else the user cache's ``toolchains``."""
+    from opgate.validators.cache import user_cache_dir
+
     env = os.environ.get("OPGATE_TOOLCHAINS")
-    return Path(env) if env else Path.home() / ".cache" / "opgate" / "toolchains"
+    return Path(env) if env else user_cache_dir() / "toolchains"
 
 
 def _check_version(version: str) -> str:

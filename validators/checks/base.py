@@ -22,6 +22,19 @@ from opgate.validators.result import CheckResult, Verdict
 if TYPE_CHECKING:
     from opgate.validators.checks.context import CellContext
 
+#: What to do about an op without a backward, in opgate's terms: PyTorch's own message
+#: ("... use register_autograd ...") never says that a forward-only op can say so instead.
+NO_BACKWARD_HINT = (
+    "a forward-only op declares SampleInput(grad_args=()) in its sample inputs; "
+    "an op with a backward registers it with torch.library.register_autograd"
+)
+#: Substrings of PyTorch errors that mean "this op has no autograd formula".
+NO_BACKWARD_MESSAGES = (
+    "no autograd formula was registered",
+    "Autograd kernel was not registered",
+    "does not require grad and does not have a grad_fn",
+)
+
 
 @dataclass(frozen=True)
 class Check:
@@ -69,4 +82,13 @@ def run_check(check: Check, ctx: CellContext) -> CheckResult:
     except Exception as exc:  # noqa: BLE001 - a crashing check or op is this check's error, nothing more
         result = error_result(check.name, exc)
     result.duration_s = round(time.perf_counter() - t0, 4)
+    return with_hints(result)
+
+
+def with_hints(result: CheckResult) -> CheckResult:
+    """A failed or crashed check whose cause opgate can name gets the fix in its summary."""
+    if result.status in (Verdict.FAIL, Verdict.ERROR) and NO_BACKWARD_HINT not in result.summary:
+        text = f"{result.summary} {result.details.get('message', '')}"
+        if any(m in text for m in NO_BACKWARD_MESSAGES):
+            result.summary = f"{result.summary} ({NO_BACKWARD_HINT})"
     return result

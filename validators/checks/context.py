@@ -55,7 +55,7 @@ def upcast(sample: SampleInput, dtype: torch.dtype = torch.float64) -> SampleInp
 def with_grad(sample: SampleInput) -> SampleInput:
     """The sample with ``requires_grad`` on its floating ``grad_args`` (leaf views keep their strides)."""
     args = list(sample.args)
-    for i in sample.grad_args:
+    for i in sample.differentiable():
         a = args[i]
         if isinstance(a, torch.Tensor) and a.is_floating_point():
             args[i] = a.detach().requires_grad_(True)

@@ -54,7 +54,7 @@ def _inputs(ctx: CellContext, layout: str, shape: tuple[int, ...]) -> SampleInpu
 
 
 def applies(ctx: CellContext) -> str | None:
-    if not ctx.samples(shapes=ctx.shapes[:1])[0].grad_args:
+    if not ctx.samples(shapes=ctx.shapes[:1])[0].differentiable():
         return "the sample inputs declare no differentiable argument (grad_args)"
     if ctx.cell.layout == "zero_size":
         return "zero-size inputs: nothing to differentiate numerically"
@@ -106,7 +106,8 @@ def run(ctx: CellContext) -> CheckResult:
             details,
         )
     args = list(sample.args)
-    slots = [i for i in sample.grad_args if isinstance(args[i], torch.Tensor) and args[i].is_floating_point()]
+    slots = [i for i in sample.differentiable() if isinstance(args[i], torch.Tensor)]
+    slots = [i for i in slots if args[i].is_floating_point()]
     leaves = tuple(args[i].detach().requires_grad_(True) for i in slots)
 
     def fn(*xs: torch.Tensor) -> Any:

@@ -15,7 +15,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from opgate.ops.base import SampleInput
-from opgate.validators.checks.base import Check
+from opgate.validators.checks.base import NO_BACKWARD_HINT, Check
 from opgate.validators.checks.context import CellContext, call, upcast, with_grad
 from opgate.validators.checks.correctness import summarize
 from opgate.validators.result import CheckResult
@@ -25,7 +25,7 @@ NAME = "gradients"
 
 
 def applies(ctx: CellContext) -> str | None:
-    if not ctx.samples(shapes=ctx.shapes[:1])[0].grad_args:
+    if not ctx.samples(shapes=ctx.shapes[:1])[0].differentiable():
         return "the sample inputs declare no differentiable argument (grad_args)"
     return None
 
@@ -44,7 +44,7 @@ def _grads(fn: Any, sample: SampleInput, upstream: list[torch.Tensor]) -> list[t
     """d(sum <out_i, g_i>)/d(grad_args), in ``grad_args`` order (None where no gradient flows)."""
     out = call(fn, sample)
     outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    inputs = [sample.args[i] for i in sample.grad_args]
+    inputs = [sample.args[i] for i in sample.differentiable()]
     pairs = [(o, g.to(o.dtype)) for o, g in zip(outs, upstream, strict=True) if o.requires_grad]
     if not pairs:
         return [None] * len(inputs)
@@ -62,12 +62,11 @@ def run(ctx: CellContext) -> CheckResult:
         g_op = _grads(ctx.op, op_sample, upstream)
         g_ref = _grads(ctx.reference, ref_sample, upstream)
         g_oracle = _grads(ctx.reference, oracle_sample, [g.double() for g in upstream])
-        for pos, a, b, c in zip(op_sample.grad_args, g_op, g_ref, g_oracle, strict=True):
+        for pos, a, b, c in zip(op_sample.differentiable(), g_op, g_ref, g_oracle, strict=True):
             label = f"shape {list(shape)} d/darg{pos}"
             if a is None and c is not None:
-                comparisons.append(
-                    Comparison(label, False, 0.0, 0.0, 0.0, 0.0, problem="the op returned no gradient")
-                )
+                problem = f"the op returned no gradient ({NO_BACKWARD_HINT})"
+                comparisons.append(Comparison(label, False, 0.0, 0.0, 0.0, 0.0, problem=problem))
             elif c is not None:
                 comparisons.append(compare_tensor(a, b, c, ctx.rule, label))
     status, summary = summarize(comparisons, "gradients")

@@ -8,9 +8,9 @@ and compile time, or the error.
 Kernels are the module-level ``JITFunction`` objects of the implementation
 module and of the modules it holds as attributes (``from opgate.ops.x import
 triton_kernels as K``).  A jit function called by another one is a helper,
-not a kernel.  Each kernel needs a build signature — from the spec's
-``build_signatures`` when the spec format has it, else from a module-level
-``TRITON_BUILD_SIGNATURES`` dict next to the kernels::
+not a kernel.  Each kernel needs a build signature, from a module-level
+``TRITON_BUILD_SIGNATURES`` dict next to the kernels (a ``signatures`` entry
+of the request, when given, comes first)::
 
     TRITON_BUILD_SIGNATURES = {
         "_rms_norm_fwd_kernel": {
@@ -192,8 +192,8 @@ def main(request_json: str) -> dict[str, Any]:
     unsigned = [k for k in entries if k not in sigs]
     if unsigned:
         report["error"] = (
-            f"Triton kernels without a build signature: {', '.join(unsigned)} (add them to "
-            f"build_signatures in the spec or TRITON_BUILD_SIGNATURES in {req['module']})"
+            f"Triton kernels without a build signature: {', '.join(unsigned)} (add them to a "
+            f"TRITON_BUILD_SIGNATURES dict in {req['module']}, as `opgate init` writes it)"
         )
         return report
     outdir = Path(req["outdir"])

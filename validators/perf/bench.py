@@ -153,7 +153,7 @@ def _callable(peer: Any, samples: Sequence[Any], direction: str) -> Any:
     for s in samples:
         args = list(s.args)
         leaves = []
-        for i in s.grad_args:
+        for i in s.differentiable():
             if isinstance(args[i], torch.Tensor) and args[i].is_floating_point():
                 args[i] = args[i].detach().requires_grad_(True)
                 leaves.append(args[i])
