@@ -92,7 +92,7 @@ def test_bad_input_ends_in_one_line_and_its_exit_code(
 
 BOMB_PROBE = textwrap.dedent(
     """
-    import json, resource, sys, time, tracemalloc
+    import json, sys, time, tracemalloc
     from pathlib import Path
     from opgate.matrix.errors import ConfigError
     from opgate.matrix.yamlload import load_yaml
@@ -106,7 +106,9 @@ BOMB_PROBE = textwrap.dedent(
         outcome = err.message()
     seconds = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM, not ru_maxrss: the latter keeps the forking parent's (pytest's) peak across exec
+    hwm = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("VmHWM"))
+    rss = int(hwm.split()[1]) * 1024
     print(json.dumps({"outcome": outcome, "seconds": seconds, "peak": peak, "rss": rss}))
     """
 )

@@ -125,6 +125,9 @@ def _breakdown(dirs: Sequence[Path], as_json: bool) -> int:
 
     out = {}
     for folder in dirs:
+        absent = [n for n in ("results.json", "run.json") if not (folder / n).is_file()]
+        if absent:
+            raise ResultsFormatError(f"{folder}: not a finished run folder (no {' or '.join(absent)})")
         cells = read_json(folder / "results.json", what="results", expect=dict).get("cells")
         run = read_json(folder / "run.json", what="run record", expect=dict)
         if not isinstance(cells, list):
