@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL_CONFIG = ROOT / "tests" / "data" / "config" / "small.yaml"
 TOY_OPS = ROOT / "tests" / "data" / "config" / "ops"
 RESULTS = ROOT / "tests" / "data" / "reports" / "validators-cpu" / "results.json"
-BENCH = ROOT / "reports" / "runs" / "h200-bench" / "rms_norm.json"
+BENCH = ROOT / "results" / "runs" / "h200-bench" / "rms_norm.json"
 CONFIG, USAGE, EMPTY, SHARD, RESULTS_BAD, ALERT = 3, 2, 4, 6, 7, 8
 #: Folder beside every case's own folder holding valid inputs (a compat.json, a diff.json) it may read.
 VALID = "_valid"
