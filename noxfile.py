@@ -233,7 +233,8 @@ def publish_all_runs(session: nox.Session, python: str) -> None:
             return
         session.error(f"no results.json under {RUNS}/*: nothing to publish")
     ins = [arg for run in runs for arg in ("--in", str(run))]
-    session.run(python, "-m", "opgate.reports", "publish", *ins, "--out", str(REPORT))
+    strict = ["--strict"] if os.environ.get("OPGATE_STRICT") == "1" else []  # an incomplete run: refuse
+    session.run(python, "-m", "opgate.reports", "publish", *ins, "--out", str(REPORT), *strict)
 
 
 def run_matrix(session: nox.Session, torch_id: str, python: str) -> None:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from opgate.matrix import expand_torches, load_cells, narrow
-from opgate.matrix.errors import OpgateError, UsageError
+from opgate.matrix.errors import UsageError
+from opgate.matrix.files import write_output
+from opgate.matrix.guard import guarded
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -105,8 +107,8 @@ def _plan(args: argparse.Namespace) -> str:
     from opgate.matrix.config import load_config
     from opgate.ops.spec import load_specs
 
-    if args.target_s is not None and args.target_s <= 0:
-        raise UsageError(f"--target-s {args.target_s}: must be > 0")
+    if args.target_s is not None and not 0 < args.target_s < math.inf:
+        raise UsageError(f"--target-s {args.target_s}: must be a number > 0")
     config = load_config(args.config)
     runners = _runners(config.runners, args.runner)
     universe = expand_torches(config, load_specs(args.ops_path), args.torch)
@@ -122,8 +124,7 @@ def _plan(args: argparse.Namespace) -> str:
     )
     text = plan.gha_json()  # the size check applies to both formats: json feeds the same jobs
     if args.manifest is not None:
-        args.manifest.parent.mkdir(parents=True, exist_ok=True)
-        args.manifest.write_text(json.dumps(plan.manifest(), indent=1) + "\n")
+        write_output(args.manifest, json.dumps(plan.manifest(), indent=1) + "\n")
     if args.format == "json":
         return json.dumps({"include": [s.to_gha() for s in plan.shards]}, indent=2)
     return text
@@ -131,17 +132,14 @@ def _plan(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
+
+    def command() -> int:
         out = _list(args) if args.command == "list" else _plan(args)
-    except OpgateError as err:
-        print(err.message(), file=sys.stderr)
-        return err.exit_code
-    try:
         if out:
             print(out, flush=True)
-    except BrokenPipeError:  # `opgate list | head`: not an error
-        sys.stdout = Path(os.devnull).open("w")  # noqa: SIM115 - keeps interpreter exit from re-raising
-    return 0
+        return 0
+
+    return guarded(command)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ OVERRIDE_SETTINGS = {
     "tolerance": Record("tolerance", TOLERANCE_FIELDS),
     "copies_allowed": Int(minimum=0),
     "timeout_s": Float(0.0, strict=True),
+    "memory_mb": Int(minimum=64),
 }
 CONFIG_SCHEMA = Record(
     "matrix config",

@@ -36,6 +36,18 @@ class UsageError(OpgateError):
     exit_code = 2
 
 
+class OutputError(UsageError):
+    """An output path cannot be written: a file where a folder must be, read-only, disk full.
+
+    A usage problem (exit 2): the command was fine, the place it was told to
+    write to is not; nothing about a cell or an input file is wrong.
+    """
+
+
+class BusyOutput(UsageError):
+    """Another opgate process is writing the same output folder: running both would lose verdicts."""
+
+
 @dataclass(frozen=True)
 class Location:
     """A place in a YAML file, for ``file:line`` messages."""
@@ -103,3 +115,9 @@ class AlertDeliveryFailed(OpgateError):
     """A chat alert could not be delivered (never changes a verdict)."""
 
     exit_code = 8
+
+
+class Interrupted(OpgateError):
+    """SIGINT or SIGTERM (a cancelled CI job): 128 + SIGINT, whichever signal it was."""
+
+    exit_code = 130

@@ -27,6 +27,7 @@ from typing import Any
 
 from opgate.matrix.cell import Cell, torch_major_minor
 from opgate.matrix.errors import ConfigError, Location, ResultsFormatError, UsageError
+from opgate.matrix.files import read_json
 
 DEFAULT_MAX_JOBS = 64
 GHA_MAX_JOBS = 256  # GitHub's cap on jobs per matrix
@@ -121,26 +122,28 @@ class Manifest:
 
 
 def load_manifest(path: Path) -> Manifest:
+    data = read_json(Path(path), what="plan manifest", expect=dict)
     try:
-        data = json.loads(Path(path).read_text())
         if data.get("manifest_version") != MANIFEST_VERSION:
             raise ResultsFormatError(f"{path}: manifest_version {data.get('manifest_version')!r}, expected 1")
         return Manifest({str(s["name"]): tuple(map(str, s["cells"])) for s in data["shards"]})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ResultsFormatError(f"{path}: not a plan manifest: {exc}") from exc
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ResultsFormatError(f"{path}: not a plan manifest: {type(exc).__name__}: {exc}") from exc
 
 
 def load_history(path: Path) -> dict[str, float]:
     """Per-cell ``duration_s`` from a compat.json or results.json (the longest when repeated)."""
+    if not Path(path).exists():
+        raise UsageError(f"--history {path}: no such file")
+    doc = read_json(Path(path), what="--history (a compat.json or results.json)", expect=dict)
     try:
-        records = json.loads(Path(path).read_text())["cells"]
+        records = doc["cells"]
         out: dict[str, float] = {}
         for rec in records:
             out[str(rec["id"])] = max(float(rec.get("duration_s", 0.0)), out.get(str(rec["id"]), 0.0))
-    except FileNotFoundError as exc:
-        raise UsageError(f"--history {path}: no such file") from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ResultsFormatError(f"--history {path}: not a compat.json/results.json: {exc}") from exc
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        raise ResultsFormatError(f"--history {path}: not a compat.json/results.json: {why}") from exc
     return out
 
 

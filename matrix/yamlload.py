@@ -9,7 +9,14 @@ instead of returning bare Python objects.  It also closes YAML's classic traps:
 * YAML 1.1 booleans (``yes``/``no``/``on``/``off``/``y``/``n``, any case) are
   errors: ``arch: [on]`` or a key ``no:`` almost never mean a boolean.  Only
   ``true``/``false`` are booleans;
-* ``1e-5`` is a number (YAML 1.2), not the string PyYAML makes of it.
+* ``1e-5`` is a number (YAML 1.2), not the string PyYAML makes of it;
+* integers are plain decimals: YAML 1.1 reads ``010`` as 8, ``1_0`` as 10,
+  ``1:30`` as 90 and ``0x1`` as 1, so those forms are errors, as are integers
+  longer than :data:`MAX_INT_DIGITS` digits and floats with ``_`` or ``:``.
+
+The document is composed within bounds (:mod:`matrix.yamlcompose`: size,
+depth, collection sizes, aliases and expanded values), so an alias bomb or a
+thousand-level ``[[[[`` is refused at its line in milliseconds.
 
 Every YAML-level problem in a file is collected and raised at once as
 :class:`~matrix.errors.ConfigErrors`.
@@ -27,6 +34,8 @@ from typing import Any, TypeAlias
 import yaml
 
 from opgate.matrix.errors import ConfigError, ConfigErrors, Location
+from opgate.matrix.files import read_text
+from opgate.matrix.yamlcompose import LIMITS, BoundedLoader, Limits, int_problem
 
 _TAG = "tag:yaml.org,2002:"
 #: Plain words YAML 1.1 turns into booleans (PyYAML knows only some of them).
@@ -85,14 +94,10 @@ def where_of(node: YNode | None, fallback: Location) -> Location:
     return node.where if node is not None else fallback
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe loader used only to compose nodes and construct plain scalars."""
-
-
 class _Builder:
     """Walks composed nodes into the annotated tree, collecting every problem."""
 
-    def __init__(self, loader: _Loader, source: str) -> None:
+    def __init__(self, loader: BoundedLoader, source: str) -> None:
         self.loader = loader
         self.source = source
         self.errors: list[ConfigError] = []
@@ -173,14 +178,30 @@ class _Builder:
             if not quoted and _FLOAT12.match(raw):
                 return YScalar(float(raw), where, raw, quoted)
             return YScalar(raw, where, raw, quoted)
+        number = self._number_problem(node.tag, raw)
+        if number is not None:
+            hint = "write a plain decimal" + (f', or quote it: "{raw}"' if len(raw) <= 40 else "")
+            self.errors.append(ConfigError(number, where, hint))
+            return YScalar(raw, where, raw, quoted)
         value = self.loader.construct_object(node)
         return YScalar(value, where, raw, quoted)
 
+    @staticmethod
+    def _number_problem(tag: str, raw: str) -> str | None:
+        if tag == f"{_TAG}int":
+            return int_problem(raw)
+        if tag == f"{_TAG}float" and ("_" in raw or ":" in raw):
+            return f"{raw!r} is a YAML 1.1 float ('_' and ':' change its value)"
+        return None
 
-def parse_yaml(text: str, source: str) -> YNode:
+
+def parse_yaml(text: str, source: str, limits: Limits = LIMITS) -> YNode:
     """Parse one YAML document from ``text``; ``source`` names it in messages."""
-    loader = _Loader(text)
+    if len(text) > limits.size:
+        raise ConfigError(f"document is over {limits.size} characters", Location(source, 1), "split the file")
+    loader: BoundedLoader | None = None
     try:
+        loader = BoundedLoader(text, source, limits)  # the reader refuses NUL and control characters here
         node = loader.get_single_node()
         if node is None:
             raise ConfigError("file is empty", Location(source, 1), "see matrix/default.yaml or ops/SPEC.md")
@@ -191,19 +212,22 @@ def parse_yaml(text: str, source: str) -> YNode:
         line = mark.line + 1 if mark is not None else 1
         problem = exc.problem or exc.context or "malformed YAML"
         raise ConfigError(f"YAML syntax: {problem}", Location(source, line), exc.context) from exc
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, max(exc.position, 0)) + 1
+        character = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        problem = f"YAML: character {character!r} (#x{ord(character):04x}) is not allowed"
+        raise ConfigError(problem, Location(source, line), "opgate files are plain text") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"YAML: {exc}", Location(source, 1)) from exc
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if builder.errors:
         raise ConfigErrors(builder.errors)
     return tree
 
 
-def load_yaml(path: Path) -> YNode:
-    """Read and parse ``path``; unreadable files are config errors, not tracebacks."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-    return parse_yaml(text, str(path))
+def load_yaml(path: Path, limits: Limits = LIMITS) -> YNode:
+    """Read and parse ``path``; unreadable, oversized or non-UTF-8 files are config errors."""
+    text = read_text(Path(path), what="a YAML file", limit=limits.size * 4, error=ConfigError)
+    return parse_yaml(text, str(path), limits)

@@ -26,6 +26,7 @@ the symbols are bound by a convention, overridable per op:
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +54,8 @@ _BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
 _UNOPS: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 #: Exponents above this are refused: ``10 ** 10 ** 10`` must not hang a worker.
 MAX_EXPONENT = 64
+#: Longest expression accepted: real ones are a line (``2 * M * N * itemsize``).
+MAX_EXPRESSION = 1000
 
 
 class CostError(ValueError):
@@ -93,10 +96,14 @@ def parse(text: str) -> ast.Expression:
     """
     if not isinstance(text, str):
         raise CostError(f"cost expression must be a string, got {type(text).__name__}")
+    if len(text) > MAX_EXPRESSION:
+        raise CostError(f"cost expression of {len(text)} characters (at most {MAX_EXPRESSION})")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
         raise CostError(f"cost {text!r} is not an expression: {exc.msg}") from exc
+    except (RecursionError, MemoryError, ValueError) as exc:  # ValueError: a 5000-digit literal
+        raise CostError(f"cost expression {text[:40]!r}...: nested too deeply or too long") from exc
     for node in ast.walk(tree.body):
         if not _allowed(node):
             raise _not_allowed(node, text)
@@ -139,7 +146,13 @@ def _eval(node: ast.AST, env: Mapping[str, float], text: str) -> float:
         and isinstance(node.value, (int, float))
         and not isinstance(node.value, bool)
     ):
-        return float(node.value)
+        try:
+            number = float(node.value)
+        except OverflowError as exc:
+            raise CostError(f"cost {text!r}: the number {node.value} is out of range") from exc
+        if not math.isfinite(number):
+            raise CostError(f"cost {text!r}: the number {ast.unparse(node)} is out of range")
+        return number
     if isinstance(node, ast.Name):
         if node.id not in env:
             known = ", ".join(sorted(env))
@@ -153,9 +166,14 @@ def _eval(node: ast.AST, env: Mapping[str, float], text: str) -> float:
         if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
             raise CostError(f"cost {text!r}: exponent {right:g} is larger than {MAX_EXPONENT}")
         try:
-            return float(_BINOPS[type(node.op)](left, right))
+            value = float(_BINOPS[type(node.op)](left, right))
         except ZeroDivisionError as exc:
             raise CostError(f"cost {text!r}: division by zero") from exc
+        except (OverflowError, TypeError) as exc:  # TypeError: a negative base to a fractional power
+            raise CostError(f"cost {text!r}: {ast.unparse(node)!r} is out of range ({exc})") from exc
+        if not math.isfinite(value):
+            raise CostError(f"cost {text!r}: {ast.unparse(node)!r} is out of range")
+        return value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNOPS:
         return float(_UNOPS[type(node.op)](_eval(node.operand, env, text)))
     raise _not_allowed(node, text)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from opgate.matrix.errors import ConfigError, ConfigErrors, Location, UsageError
+from opgate.matrix.files import MAX_YAML_BYTES, read_bytes
 from opgate.matrix.schema import (
     Problems,
     valid,
@@ -348,11 +349,8 @@ def discover(extra_paths: Sequence[Path] = ()) -> list[tuple[Path, Path | None]]
         root = import_root(directory)
         found += [(p, root) for p in sorted(directory.glob("*/spec.yaml"))]
         for p in sorted(directory.glob("*.yaml")):
-            try:
-                holds_spec = bool(_HOLDS_SPEC.search(p.read_text(encoding="utf-8", errors="replace")))
-            except OSError as exc:
-                raise ConfigError(f"cannot read {p}: {exc}") from exc
-            if holds_spec:
+            head = read_bytes(p, what="a YAML file", limit=MAX_YAML_BYTES * 4, error=ConfigError)
+            if _HOLDS_SPEC.search(head.decode("utf-8", errors="replace")):
                 found.append((p, root))
     return found
 

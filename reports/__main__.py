@@ -13,14 +13,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from opgate.matrix.errors import CellsFailed, OpgateError, UsageError
+from opgate.matrix.errors import CellsFailed, UsageError
+from opgate.matrix.files import write_output
+from opgate.matrix.guard import guarded
 from opgate.reports import bench_table, compat, diff_md
 from opgate.reports import diff as diff_mod
+from opgate.reports.alerts.dedup import default_path as default_state_path
 from opgate.reports.alerts.registry import PLATFORMS
 from opgate.reports.alerts.send import send
 from opgate.reports.alerts.transport import RetryPolicy
 from opgate.reports.perf import PerfRule
 from opgate.reports.publish import publish
+
+#: Bounds of ``alert``'s knobs: a CI step that waits an hour for one chat post is misconfigured.
+MAX_ATTEMPTS = 10
+MAX_TIMEOUT_S = 3600.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
         help="benchmark JSON to publish as bench.md and a section of compat.md (repeatable)",
     )
     p.add_argument("--block", type=Path, metavar="FILE", help="decoder-block block.json to publish")
+    p.add_argument(
+        "--strict", action="store_true", help="refuse (exit 6) when a run has planned cells without a verdict"
+    )
 
     b = sub.add_parser("bench", help="render bench.json files (opgate perf bench) as Markdown tables")
     b.add_argument("--in", dest="inputs", action="append", type=Path, required=True, metavar="FILE")
@@ -93,8 +103,18 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--dashboard-url", default="", help="the published index.html: each cell links to its evidence"
     )
-    a.add_argument("--state", type=Path, help="JSON file remembering what was already sent")
-    a.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP attempt")
+    a.add_argument(
+        "--state",
+        type=Path,
+        help="JSON file remembering what was already sent (default: ~/.local/state/opgate/alerts-sent.json)",
+    )
+    a.add_argument("--no-state", action="store_true", help="no dedup state: a re-run posts again")
+    a.add_argument(
+        "--timeout",
+        type=float,
+        default=RetryPolicy.timeout,
+        help="deadline (s) for the whole delivery, every attempt and wait included",
+    )
     a.add_argument("--attempts", type=int, default=4, help="HTTP attempts (>= 1)")
     a.add_argument("--backoff", type=float, default=1.0, help="first retry delay, doubled each time")
     a.add_argument("--max-wait", type=float, default=30.0, help="cap on any one delay, Retry-After included")
@@ -104,8 +124,7 @@ def _parser() -> argparse.ArgumentParser:
 def _emit(text: str, out: Path | None) -> None:
     """Write ``text`` to ``out`` (parents created) or, without ``--out``, to stdout."""
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        write_output(out, text)
     else:
         sys.stdout.write(text)
 
@@ -121,6 +140,7 @@ def _publish(args: argparse.Namespace) -> int:
         stream=sys.stdout,
         bench=args.bench,
         block=args.block,
+        strict=args.strict,
     )
     return 0
 
@@ -155,9 +175,14 @@ def _inventory(args: argparse.Namespace) -> int:
 
 
 def _alert(args: argparse.Namespace) -> int:
-    if args.attempts < 1 or args.timeout <= 0:
-        raise UsageError("--attempts must be >= 1 and --timeout > 0")
+    if not 1 <= args.attempts <= MAX_ATTEMPTS or not 0 < args.timeout <= MAX_TIMEOUT_S:
+        raise UsageError(f"--attempts must be 1..{MAX_ATTEMPTS} and --timeout in (0, {MAX_TIMEOUT_S:g}] s")
+    if not (0 <= args.backoff <= MAX_TIMEOUT_S and 0 <= args.max_wait <= MAX_TIMEOUT_S):
+        raise UsageError(f"--backoff and --max-wait must be in [0, {MAX_TIMEOUT_S:g}] s")
+    if args.no_state and args.state:
+        raise UsageError("--state and --no-state exclude each other")
     policy = RetryPolicy(args.timeout, args.attempts, args.backoff, args.max_wait)
+    state = None if args.no_state else (args.state or default_state_path())
     send(
         diff_mod.load(args.diff),
         args.platform,
@@ -165,7 +190,8 @@ def _alert(args: argparse.Namespace) -> int:
         run_id=args.run_id,
         report_url=args.report_url,
         dashboard_url=args.dashboard_url,
-        state_path=args.state,
+        state_path=state,
+        state_required=args.state is not None,
         policy=policy,
     )
     return 0
@@ -180,11 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "diff": _diff,
         "alert": _alert,
     }[args.command]
-    try:
-        return handler(args)
-    except OpgateError as err:
-        sys.stderr.write(f"opgate {args.command}: {type(err).__name__}: {err}\n")
-        return err.exit_code
+    return guarded(
+        lambda: handler(args), lambda err: f"opgate {args.command}: {type(err).__name__}: {err.message()}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,13 +15,13 @@ Who is "opgate" and who is a peer is recorded in the data (each result's
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from opgate.matrix.errors import ResultsFormatError
+from opgate.matrix.files import read_json
 from opgate.validators.perf.report import BENCH_FORMAT as FORMAT
 
 ROLES = ("opgate", "variant", "peer")
@@ -33,10 +33,7 @@ def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """Benchmark documents in the one format, in the order given; anything else is refused (exit 7)."""
     docs = []
     for path in paths:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ResultsFormatError(f"{path}: unreadable benchmark file: {exc}") from exc
+        doc = read_json(Path(path), what="benchmark file")
         problem = format_problem(doc)
         if problem:
             raise ResultsFormatError(f"{path}: not a benchmark document ({FORMAT}): {problem}")

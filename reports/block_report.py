@@ -9,23 +9,20 @@ stays self-contained.
 
 from __future__ import annotations
 
-import json
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from opgate.matrix.errors import ResultsFormatError
+from opgate.matrix.files import read_json
 from opgate.validators.perf.block_md import flags, provenance, render_md, speedup
 
 REQUIRED = ("config", "info", "parity_relerr", "blocks", "alone", "flags")
 
 
 def load(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ResultsFormatError(f"{path}: unreadable block file: {exc}") from exc
-    if not isinstance(data, dict) or not all(k in data for k in REQUIRED):
+    data = read_json(path, what="decoder-block file", expect=dict)
+    if not all(k in data for k in REQUIRED):
         raise ResultsFormatError(f"{path}: not a decoder-block result (needs {', '.join(REQUIRED)})")
     return data
 

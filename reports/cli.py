@@ -14,6 +14,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from opgate.matrix.guard import guarded
+
 #: subcommand -> (module whose ``main(argv)`` runs it, one-line help).
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("opgate.matrix.scaffold", "scaffold a new op folder: spec, reference, Triton kernel, test"),
@@ -50,9 +52,12 @@ def _usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:
+        sys.stderr.write(_usage())
+        return 2
+    if args[0] in ("-h", "--help", "help"):
         sys.stdout.write(_usage())
-        return 0 if args else 2
+        return 0
     if args[0] == "--version":
         from importlib.metadata import PackageNotFoundError, version
 
@@ -66,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"opgate: unknown command {name!r}\n\n{_usage()}")
         return 2
     stage_main: Callable[[Sequence[str]], int] = importlib.import_module(COMMANDS[name][0]).main
-    return stage_main(rest if name in _STRIPPED else [name, *rest])
+    # each stage's main has its own error path (matrix.guard); this one covers a stage without it
+    return guarded(lambda: stage_main(rest if name in _STRIPPED else [name, *rest]))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 import jsonschema
 
 from opgate.matrix.errors import ResultsFormatError
+from opgate.matrix.files import read_json
 from opgate.reports.merge import Entry, Merged
 from opgate.reports.perf import HISTORY_LIMIT, SAMPLES_KEPT, series_from_results, with_history
 from opgate.validators.env import Fingerprint, FingerprintError
@@ -68,6 +69,7 @@ class Compat:
     entries: list[Entry]
     perf: dict[str, Any] = field(default_factory=dict)
     sources: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # planned cells without a verdict: incomplete
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +77,7 @@ class Compat:
             "schema": load_schema()["$id"],
             "generated_at": self.generated_at,
             "sources": self.sources,
+            "missing": self.missing,
             "environments": self.environments,
             # the compact record: evidence of red checks, no env (``environments[env_key]`` holds it)
             "cells": [
@@ -111,6 +114,7 @@ def build(merged: Merged, history: Compat | None = None, generated_at: str | Non
         entries=list(merged.entries),
         perf=perf,
         sources=[asdict(s) for s in merged.sources],
+        missing=list(merged.missing),
     )
 
 
@@ -142,17 +146,13 @@ def from_document(doc: Mapping[str, Any], where: str) -> Compat:
         entries=entries,
         perf=dict(doc.get("perf") or {}),
         sources=list(doc.get("sources") or []),
+        missing=[str(m) for m in doc.get("missing") or []],
     )
 
 
 def load(path: Path) -> Compat:
     """Read and validate ``compat.json``."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ResultsFormatError(f"{path}: cannot read compat file: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise ResultsFormatError(f"{path}: compat file must hold a JSON object")
+    doc = read_json(path, what="compat file", expect=dict)
     version = doc.get("schema_version")
     if version != COMPAT_SCHEMA_VERSION:
         raise ResultsFormatError(

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opgate.matrix.errors import ResultsFormatError
+from opgate.matrix.files import read_json
 from opgate.reports.compat import SCHEMA_DIR, Compat, validate_document
 from opgate.reports.merge import Entry
 from opgate.reports.perf import PerfRule, perf_regressions
@@ -158,10 +158,7 @@ def dumps(diff: Diff) -> str:
 
 def load(path: Path) -> dict[str, Any]:
     """Read and validate a JSON diff (the alert command's input)."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ResultsFormatError(f"{path}: cannot read diff: {exc}") from exc
+    doc = read_json(path, what="diff", expect=dict)
     validate_document(doc, str(path), DIFF_SCHEMA_FILE)
     result: dict[str, Any] = doc
     return result

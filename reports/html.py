@@ -29,6 +29,7 @@ from typing import Any
 from opgate.matrix.cell import MODES
 from opgate.reports.charts import perf_section
 from opgate.reports.compat import COMPAT_SCHEMA_VERSION, Compat
+from opgate.reports.completeness import html_notice
 from opgate.reports.envs import column_of
 from opgate.reports.view import (
     BUCKETS,
@@ -133,6 +134,7 @@ script-src 'unsafe-inline'; img-src data:; connect-src 'self'">
 <p class="muted">Published {escape(compat.generated_at)} · {len(compat.entries)} verdicts in \
 {len(compat.environments)} environment(s). Click a cell for its evidence; every cell has a link \
 of its own (<code>index.html#{escape(CELL_ANCHOR)}CELL-ID</code>).</p>
+{html_notice(compat.missing)}
 </header>
 <main>
 <section id="summary"><h2>Summary</h2>{_summary_table(compat)}

@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
 from opgate.reports.compat import Compat
+from opgate.reports.completeness import markdown_notice
 from opgate.reports.envs import column_of
 from opgate.reports.merge import Entry
 from opgate.reports.view import (
@@ -118,6 +119,7 @@ def render(compat: Compat) -> str:
             "environment(s)."
         ),
         "",
+        *markdown_notice(compat.missing),
         LEGEND,
         "## Summary",
         "",

@@ -22,6 +22,7 @@ from typing import Any
 
 from opgate.matrix.errors import MergeConflict, MissingShard, ResultsFormatError
 from opgate.matrix.plan import load_manifest
+from opgate.reports.completeness import missing_cells
 from opgate.validators.env import Fingerprint, FingerprintError
 from opgate.validators.result import CellResult, RunResults
 
@@ -59,6 +60,7 @@ class Merged:
     entries: list[Entry] = field(default_factory=list)
     environments: dict[str, dict[str, Any]] = field(default_factory=dict)
     sources: list[SourceInfo] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # planned by a run, produced by none
 
 
 def results_path(directory: Path) -> Path:
@@ -81,6 +83,8 @@ def merge(runs: Iterable[tuple[Path, RunResults]]) -> Merged:
     """Merge runs; raise :class:`MergeConflict` on disagreeing verdicts."""
     merged = Merged()
     seen: dict[tuple[str, str], Entry] = {}
+    runs = list(runs)
+    merged.missing = missing_cells(run for _, run in runs)
     for path, run in runs:
         merged.sources.append(
             SourceInfo(str(path), run.shard, run.started_at, run.finished_at, len(run.cells))

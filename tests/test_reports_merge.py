@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +180,36 @@ def test_publishes_a_results_file_written_by_the_validators(tmp_path: Path) -> N
         elif cell.verdict is not Verdict.PASS:
             assert f"`{cell.id}` ({cell.verdict.value}," in md
     assert "pt2.13 cpu" in md
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o755), (0o027, 0o750), (0o077, 0o700)])
+def test_first_publish_creates_the_folder_like_mkdir(tmp_path: Path, umask: int, mode: int) -> None:
+    """The folder is built as a private temp folder, then renamed: it must end with mkdir's mode."""
+    source = write_run(cpu_run(), tmp_path / "in")
+    previous = os.umask(umask)
+    try:
+        publish([source], tmp_path / "fresh")
+        (tmp_path / "plain").mkdir()
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "plain").stat().st_mode) == mode
+
+
+def test_incomplete_runs_are_published_marked_and_strict_refuses(tmp_path: Path) -> None:
+    run = cpu_run()
+    lost = [run.cells[0].id, run.cells[1].id]
+    run.cells = run.cells[2:]
+    run.planned, run.missing = len(run.cells) + 2, lost
+    source = write_run(run, tmp_path / "in")
+    doc = publish([source], tmp_path / "out")
+    assert doc.missing == sorted(lost)
+    assert json.loads((tmp_path / "out" / "compat.json").read_text())["missing"] == sorted(lost)
+    md = (tmp_path / "out" / "compat.md").read_text()
+    notice = "> **INCOMPLETE:** 2 planned cell(s) have no verdict (a run was interrupted or cut short)"
+    assert f"{notice}: {min(lost)}, {max(lost)}" in md
+    with pytest.raises(MissingShard, match="--strict"):
+        publish([source], tmp_path / "strict", strict=True)
+    assert not (tmp_path / "strict").exists()
+    other = write_run(cpu_run(shard="cpu-1"), tmp_path / "rerun")  # a re-run that has the cells fills the gap
+    assert publish([source, other], tmp_path / "whole", strict=True).missing == []

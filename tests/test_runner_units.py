@@ -12,10 +12,11 @@ from opgate.matrix.cell import Cell
 from opgate.validators import device
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
 from opgate.validators.device import Gpu, plan_cells
+from opgate.validators.limits import timeout_for
 from opgate.validators.pool import Attempt, Pool, Task
 from opgate.validators.progress import Progress
 from opgate.validators.result import CellResult, CheckResult, Verdict
-from opgate.validators.runner import RunOptions, repro_command, timeout_for
+from opgate.validators.runner import RunOptions, repro_command
 from opgate.validators.worker import jsonable
 from opgate.validators.workerproc import WorkerConfig, exit_description
 

@@ -8,13 +8,12 @@ with a one-line message, never a traceback.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
-from opgate.matrix.errors import OpgateError, UsageError
+from opgate.matrix.errors import Interrupted, OpgateError, UsageError
+from opgate.matrix.guard import guarded
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +53,12 @@ def parser() -> argparse.ArgumentParser:
         help="worker processes per GPU (default 1; perf timings are only trustworthy with 1)",
     )
     run.add_argument("--timeout", type=_positive(float), metavar="S", help="per-cell timeout for every cell")
+    run.add_argument(
+        "--memory-mb",
+        type=_positive(int),
+        metavar="MB",
+        help="memory limit of every cell's worker (default: overrides' memory_mb, else 8192)",
+    )
     run.add_argument("--retries", type=int, default=1, choices=range(4), help="re-runs of a failed cell")
     run.add_argument(
         "--seed",
@@ -89,31 +94,22 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (a cancelled CI job) unwinds like Ctrl-C, so workers are stopped, not orphaned."""
-    raise KeyboardInterrupt
-
-
 def _collect(out: Path) -> int:
     from opgate.validators.collect import collect as collect_cells
+    from opgate.validators.outlock import OutputLock
 
-    try:
+    with OutputLock(out, "opgate collect"):
         done = collect_cells(out, note="collected after the run")
-    except OpgateError as err:
-        print(err.message(), file=sys.stderr)
-        return err.exit_code
     print(f"{len(done.cells)} cells -> {out / 'results.json'}, {out / 'junit.xml'}")
+    if done.missing:
+        print(f"incomplete: {len(done.missing)} planned cell(s) did not finish", file=sys.stderr)
     return 0
 
 
 def _compact(dirs: Sequence[Path], into: Path) -> int:
     from opgate.validators.compact import compact_runs
 
-    try:
-        done = compact_runs(dirs, into)
-    except OpgateError as err:
-        print(err.message(), file=sys.stderr)
-        return err.exit_code
+    done = compact_runs(dirs, into)
     for run in done:
         print(
             f"{run.source} -> {run.dest}: {run.cells} cells, results.json "
@@ -126,18 +122,23 @@ def _breakdown(dirs: Sequence[Path], as_json: bool) -> int:
     import json
 
     from opgate.matrix.errors import ResultsFormatError
+    from opgate.matrix.files import read_json
     from opgate.validators.breakdown import breakdown, format_breakdown
 
     out = {}
     for folder in dirs:
+        absent = [n for n in ("results.json", "run.json") if not (folder / n).is_file()]
+        if absent:
+            raise ResultsFormatError(f"{folder}: not a finished run folder (no {' or '.join(absent)})")
+        cells = read_json(folder / "results.json", what="results", expect=dict).get("cells")
+        run = read_json(folder / "run.json", what="run record", expect=dict)
+        if not isinstance(cells, list):
+            raise ResultsFormatError(f"{folder / 'results.json'}: no list of cells: not a finished run")
         try:
-            cells = json.loads((folder / "results.json").read_text())["cells"]
-            run = json.loads((folder / "run.json").read_text())
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            err = ResultsFormatError(f"{folder}: not a finished run folder ({type(exc).__name__}: {exc})")
-            print(err.message(), file=sys.stderr)
-            return err.exit_code
-        out[str(folder)] = breakdown(cells, run)
+            out[str(folder)] = breakdown(cells, run)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            raise ResultsFormatError(f"{folder}: not a finished run folder ({why})") from exc
     if as_json:
         print(json.dumps(out, indent=1))
     else:
@@ -145,20 +146,7 @@ def _breakdown(dirs: Sequence[Path], as_json: bool) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = parser().parse_args(argv)
-    except OpgateError as err:
-        print(err.message(), file=sys.stderr)
-        return err.exit_code
-    folder_commands = {
-        "collect": lambda: _collect(args.out),
-        "compact": lambda: _compact(args.dirs, args.into),
-        "breakdown": lambda: _breakdown(args.dirs, as_json=args.json),
-    }
-    if args.command in folder_commands:
-        return folder_commands[args.command]()
+def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from opgate.validators.runner import Runner, RunOptions
 
     options = RunOptions(
@@ -170,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs=args.jobs,
         gpu_workers=args.gpu_workers,
         timeout_s=args.timeout,
+        memory_mb=args.memory_mb,
         retries=args.retries,
         seed=args.seed,
         progress=not args.no_progress,
@@ -177,13 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache_dir=args.cache_dir,
         argv=["python", "-m", "opgate.validators", *argv],
     )
-    signal.signal(signal.SIGTERM, _terminate)
+    runner = Runner(options)
     try:
-        _, code = Runner(options).execute()
-    except OpgateError as err:
-        print(err.message(), file=sys.stderr)
-        return err.exit_code
+        _, code = runner.execute()
     except KeyboardInterrupt:
+        if not runner.owns_output:  # interrupted before it held --out: nothing of its own to keep
+            raise
         from opgate.validators.collect import collect
 
         try:
@@ -191,12 +179,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OpgateError:
             print("interrupted before any cell finished", file=sys.stderr)
         else:
+            missing = f"; {len(done.missing)} planned cell(s) missing" if done.missing else ""
             print(
-                f"interrupted: {len(done.cells)} finished cells written to {args.out / 'results.json'}",
+                f"interrupted: {len(done.cells)} finished cells written to {args.out / 'results.json'}"
+                f"{missing}",
                 file=sys.stderr,
             )
-        return 130
+        finally:
+            runner.release()
+        return Interrupted.exit_code
     return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+
+    def command() -> int:
+        args = parser().parse_args(argv)
+        folder_commands = {
+            "collect": lambda: _collect(args.out),
+            "compact": lambda: _compact(args.dirs, args.into),
+            "breakdown": lambda: _breakdown(args.dirs, as_json=args.json),
+        }
+        if args.command in folder_commands:
+            return folder_commands[args.command]()
+        return _run(args, argv)
+
+    return guarded(command)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ cut short (a cancelled CI job, a shard at its time limit, Ctrl-C) still holds
 every finished verdict.  ``collect`` turns those records into the same files a
 complete run writes, marked ``interrupted`` in ``argv`` metadata, so reports
 can publish what finished rather than nothing.  It never invents a verdict:
-cells that did not finish are simply absent (``untested`` in the compat table).
+cells that did not finish are absent, and listed as ``missing`` from the
+run's plan (``planned.json``, written before the first cell starts), so every
+report built from them says the run is incomplete and ``publish --strict``
+refuses it.
 """
 
 from __future__ import annotations
@@ -16,15 +19,34 @@ from pathlib import Path
 from typing import Any
 
 from opgate.matrix.errors import ResultsFormatError
+from opgate.matrix.files import expect_type, read_json, write_output
 from opgate.validators.junit import write_junit
 from opgate.validators.result import CellResult, RunResults
 
+PLANNED_FILE = "planned.json"
+
 
 def _read(path: Path) -> CellResult:
+    record = read_json(path, what="cell record", expect=dict)
     try:
-        return CellResult.from_json(json.loads(path.read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ResultsFormatError(f"{path}: unreadable cell record: {exc}") from exc
+        return CellResult.from_json(record)
+    except ResultsFormatError as exc:
+        raise ResultsFormatError(f"{path}: {exc}") from None
+
+
+def write_planned(out: Path, cell_ids: list[str]) -> None:
+    """Record, before any cell runs, which cells this run will produce (``collect`` reads it)."""
+    write_output(out / PLANNED_FILE, json.dumps({"planned": cell_ids}, indent=0) + "\n", atomic=True)
+
+
+def read_planned(out: Path) -> list[str] | None:
+    """The planned cell ids of the run in ``out``, or None for a folder without a plan."""
+    path = out / PLANNED_FILE
+    if not path.exists():
+        return None
+    planned = read_json(path, what="run plan", expect=dict).get("planned")
+    expect_type(planned, list, str(path), "'planned'", ResultsFormatError)
+    return [str(c) for c in planned]
 
 
 def write_run(run: RunResults, out: Path) -> dict[str, Any]:
@@ -42,12 +64,16 @@ def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted")
         raise ResultsFormatError(f"{cells_dir}: no finished cell records to collect")
     env = next((r.env for r in records if r.env), {})
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    planned = read_planned(out)
+    done = {r.id for r in records}
     run = RunResults(
         cells=sorted(records, key=lambda r: r.id),
         env=env,
         started_at=stamp,
         finished_at=stamp,
         argv=[*(argv or []), f"# collected from cells/ ({note})"],
+        planned=len(planned) if planned is not None else None,
+        missing=sorted(c for c in planned or () if c not in done),
     )
     write_run(run, out)
     return run

@@ -22,6 +22,7 @@ from typing import Any
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
+from opgate.matrix.errors import OutputError
 from opgate.validators.result import CellResult, RunResults, Verdict
 
 FAILURE_VERDICTS = frozenset({Verdict.FAIL, Verdict.FALLBACK, Verdict.FLAKY})
@@ -95,5 +96,8 @@ def _add_properties(suite: TestSuite, env: Mapping[str, Any]) -> None:
 
 
 def write_junit(run: RunResults, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    build_junit(run).write(str(path), pretty=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        build_junit(run).write(str(path), pretty=True)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -29,6 +29,7 @@ class Task:
     log: Path
     workdir: Path
     attempt: int = 1
+    memory_mb: int | None = None  # the worker's private-memory limit while it runs this cell
     fresh: bool = False  # run in a throw-away worker
     contain: bool = False  # retire the (reusable) worker unless this cell passes
 

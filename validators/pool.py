@@ -174,6 +174,7 @@ class Pool:
             "log": str(task.log),
             "workdir": str(task.workdir),
             "timeout_s": task.timeout_s,
+            "memory_mb": task.memory_mb,
         }
         with contextlib.suppress(OSError):  # the worker died: its EOF arrives through the selector
             worker.send(msg)

@@ -26,6 +26,7 @@ from typing import Any
 
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import ResultsFormatError
+from opgate.matrix.files import expect_type, read_json, write_output
 
 RESULTS_SCHEMA_VERSION = 1
 
@@ -150,13 +151,20 @@ class CellResult:
                 repro=str(d.get("repro", "")),
                 attempts=int(d.get("attempts", 1)),
             )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ResultsFormatError(f"malformed cell record {d.get('id', '?')!r}: {exc}") from exc
+        except (KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
+            name = d.get("id", "?") if isinstance(d, Mapping) else "?"
+            raise ResultsFormatError(f"malformed cell record {name!r}: {type(exc).__name__}: {exc}") from exc
 
 
 @dataclass
 class RunResults:
-    """Contents of one ``results.json``: a run (or shard) on one machine."""
+    """Contents of one ``results.json``: a run (or shard) on one machine.
+
+    ``planned`` is how many cells the run set out to produce and ``missing``
+    the ids of those it did not (an interrupted run collected from its
+    ``cells/``): a report built from it must say it is incomplete.  Files
+    written before these fields existed read as complete.
+    """
 
     cells: list[CellResult]
     env: dict[str, Any]
@@ -164,6 +172,8 @@ class RunResults:
     finished_at: str = ""
     argv: list[str] = field(default_factory=list)
     shard: str = ""
+    planned: int | None = None
+    missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,6 +182,8 @@ class RunResults:
             "finished_at": self.finished_at,
             "argv": self.argv,
             "shard": self.shard,
+            "planned": self.planned,
+            "missing": self.missing,
             "env": self.env,
             "cells": [c.to_json() for c in self.cells],
         }
@@ -188,35 +200,47 @@ class RunResults:
         ``compact``: the committed form, one cell record per line (a republish that changes
         a few verdicts changes a few lines).
         """
-        path.parent.mkdir(parents=True, exist_ok=True)
         doc = self.to_compact_json() if compact else self.to_json()
         text = dumps_one_record_per_line(doc, "cells") if compact else json.dumps(doc, indent=1)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(path)
+        write_output(path, text + "\n", atomic=True)
         return doc
 
     @classmethod
     def read(cls, path: Path) -> RunResults:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ResultsFormatError(f"{path}: cannot read results: {exc}") from exc
+        data = read_json(path, what="results file", expect=dict)
         version = data.get("schema_version")
         if version != RESULTS_SCHEMA_VERSION:
             raise ResultsFormatError(
                 f"{path}: results schema_version {version!r}, this opgate reads {RESULTS_SCHEMA_VERSION}"
             )
-        env = dict(data.get("env") or {})
-        return cls(
-            # a compact record leaves out an env equal to the run's (compact_record)
-            cells=[CellResult.from_json({"env": env, **c}) for c in data.get("cells", [])],
-            env=env,
-            started_at=str(data.get("started_at", "")),
-            finished_at=str(data.get("finished_at", "")),
-            argv=list(data.get("argv") or []),
-            shard=str(data.get("shard", "")),
-        )
+        env = expect_type(data.get("env") or {}, dict, str(path), "'env'", ResultsFormatError)
+        where = str(path)
+        cells = expect_type(data.get("cells", []), list, where, "'cells'", ResultsFormatError)
+        missing = expect_type(data.get("missing") or [], list, where, "'missing'", ResultsFormatError)
+        planned = data.get("planned")
+        if planned is not None:
+            expect_type(planned, int, where, "'planned'", ResultsFormatError)
+        records = []
+        for i, record in enumerate(cells):
+            expect_type(record, dict, where, f"cells[{i}]", ResultsFormatError)
+            try:
+                # a compact record leaves out an env equal to the run's (compact_record)
+                records.append(CellResult.from_json({"env": env, **record}))
+            except ResultsFormatError as exc:
+                raise ResultsFormatError(f"{path}: cells[{i}]: {exc}") from None
+        try:
+            return cls(
+                cells=records,
+                env=dict(env),
+                started_at=str(data.get("started_at", "")),
+                finished_at=str(data.get("finished_at", "")),
+                argv=[str(a) for a in data.get("argv") or []],
+                shard=str(data.get("shard", "")),
+                planned=planned,
+                missing=[str(m) for m in missing],
+            )
+        except (TypeError, ValueError) as exc:
+            raise ResultsFormatError(f"{path}: malformed run metadata: {exc}") from None
 
 
 #: Detail keys that name files inside the run folder (profiler traces): the committed form of a

@@ -16,6 +16,8 @@ Output folder::
     logs/<id>.log       the worker's stdout/stderr while it ran the cell (crash and hang dumps too)
     logs/workers/*.log  each worker's own stderr (start-up problems)
     run.json            timings, cached cells, and which worker served which cells
+    planned.json        the cells this run set out to produce (an interrupted run's missing ones)
+    .opgate.lock        held while the run writes here: a second run on this folder is refused
     work/<id>/          the cell's scratch folder (build products, exported packages)
 """
 
@@ -35,27 +37,21 @@ from typing import Any
 
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import CellsFailed, OpgateError
+from opgate.matrix.files import write_output
 from opgate.validators import device, env
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
 from opgate.validators.breakdown import breakdown
 from opgate.validators.cache import VerdictCache, environment_identity
 from opgate.validators.cache import default_root as default_cache_root
-from opgate.validators.collect import write_run
+from opgate.validators.collect import PLANNED_FILE, write_planned, write_run
 from opgate.validators.device import Gpu, MachineShare, Placement, plan_cells
+from opgate.validators.limits import memory_for, timeout_for
+from opgate.validators.outlock import OutputLock
 from opgate.validators.pool import Attempt, Pool, Task
 from opgate.validators.progress import Progress, format_summary
 from opgate.validators.result import CellResult, RunResults, Verdict
 from opgate.validators.workerproc import WorkerConfig
 
-#: Per-mode default timeouts (s): compile-heavy modes pay Inductor's first compile.
-DEFAULT_TIMEOUTS: Mapping[str, float] = {
-    "eager": 120.0,
-    "compile": 300.0,
-    "cudagraphs": 300.0,
-    "export": 300.0,
-    "aoti": 600.0,
-    "build": 900.0,
-}
 #: Relative cost of a cell by mode, for scheduling only: the expensive cells start
 #: first, so the run does not end with one lane compiling while the others idle.
 MODE_COST: Mapping[str, int] = {"build": 5, "aoti": 4, "compile": 3, "cudagraphs": 3, "export": 2}
@@ -100,20 +96,13 @@ class RunOptions:
     jobs: int | None = None
     gpu_workers: int = 1  # workers sharing each GPU (cells are mostly host-bound compile work)
     timeout_s: float | None = None  # overrides every cell's timeout for this run
+    memory_mb: int | None = None  # overrides every cell's worker memory limit for this run
     retries: int = 1
     seed: int | None = None
     progress: bool = True
     use_cache: bool = True  # serve unchanged cells' verdicts from the cache (--no-cache: re-run all)
     cache_dir: Path | None = None
     argv: Sequence[str] = ()
-
-
-def timeout_for(cell: Cell, cli_timeout: float | None) -> float:
-    """``--timeout`` (this run, explicit) > the cell's ``timeout_s`` override > the mode default."""
-    if cli_timeout is not None:
-        return float(cli_timeout)
-    override = cell.override("timeout_s")
-    return float(override) if override is not None else DEFAULT_TIMEOUTS.get(cell.mode, 300.0)
 
 
 def repro_command(cell_id: str, seed: int | None, options: RunOptions) -> str:
@@ -130,17 +119,20 @@ def repro_command(cell_id: str, seed: int | None, options: RunOptions) -> str:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
+    write_output(path, json.dumps(data, indent=1) + "\n", atomic=True)
 
 
 def _clear_outputs(out: Path) -> None:
-    """Drop the per-cell files of a previous run in the same folder (only files opgate writes)."""
+    """Drop a previous run's files in the same folder (only files opgate writes).
+
+    ``results.json`` goes too: a run killed before it writes its own must not
+    leave the previous run's, which would publish as this one.
+    """
     for pattern in ("cells/*.json", "logs/*.log", "logs/workers/*.log"):
         for stale in out.glob(pattern):
             stale.unlink()
+    for name in ("results.json", "junit.xml", "run.json", PLANNED_FILE):
+        (out / name).unlink(missing_ok=True)
 
 
 def _now() -> str:
@@ -162,6 +154,7 @@ class Runner:
         self._cache: VerdictCache | None = None
         self._specs: dict[str, Any] = {}
         self._plan = MachineShare()
+        self._lock = OutputLock(self.out, "opgate run")
         self.cached: list[str] = []
         self.results: dict[str, CellResult] = {}
         self.timings: dict[str, float] = {}
@@ -181,7 +174,31 @@ class Runner:
         self._env = {**fp, "nvcc": {**(fp.get("nvcc") or {}), **found}} if found else dict(fp)
         return self._env
 
+    @property
+    def owns_output(self) -> bool:
+        """True once this run holds ``--out`` (and may write, or collect, there)."""
+        return self._lock.held
+
+    def release(self) -> None:
+        self._lock.release()
+
     def execute(self) -> tuple[RunResults, int]:
+        """Run every cell; the output folder is released at the end, except on an interrupt.
+
+        An interrupted run keeps its hold so the caller can collect the
+        finished cells before anyone else writes there (then :meth:`release`).
+        """
+        try:
+            result = self._execute()
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            self.release()
+            raise
+        self.release()
+        return result
+
+    def _execute(self) -> tuple[RunResults, int]:
         t0, started = time.monotonic(), _now()
         gpus = self._prepare()
         placements = self._plan.placements
@@ -201,6 +218,8 @@ class Runner:
             started_at=started,
             finished_at=_now(),
             argv=list(self.options.argv),
+            planned=len(self._plan.cells),
+            missing=[c.id for c in self._plan.cells if c.id not in self.results],
         )
         doc = write_run(run, self.out)
         self.timings["wall_s"] = time.monotonic() - t0
@@ -235,8 +254,9 @@ class Runner:
         self._plan = plan_cells(cells, self._specs, device.installed_torch(), gpus, finder)
         identity = environment_identity(listed, self._plan.nvcc)
         self._cache = VerdictCache(opts.cache_dir or default_cache_root(), identity)
-        self.out.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
         _clear_outputs(self.out)
+        write_planned(self.out, [c.id for c in self._plan.cells])
         return gpus
 
     def _serve_cached(self, cell: Cell) -> bool:
@@ -291,6 +311,7 @@ class Runner:
             arch=placement.arch,
             seed=seed,
             timeout_s=timeout_for(cell, self.options.timeout_s),
+            memory_mb=memory_for(cell, self.options.memory_mb),
             log=self._log(cell),
             workdir=self.out / "work" / cell.id,
             fresh=placement.isolate,

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+from opgate.validators import limits
+
 #: Process-wide switches a worker must have before torch/triton are imported.
 CPU_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
 BUILD_ENV = {"CUDA_VISIBLE_DEVICES": ""}
@@ -155,6 +157,7 @@ def run_task(
     workdir.mkdir(parents=True, exist_ok=True)
     device = "cuda:0" if kind == "cuda" else "cpu"
     t0 = time.perf_counter()
+    unhealthy = ""
     with _output_to(log):
         print(
             f"=== {cell.id} attempt {task['attempt']} seed {task['seed']} "
@@ -169,17 +172,23 @@ def run_task(
             root = str(getattr(spec, "root", "") or "")
             if root and root not in sys.path:
                 sys.path.insert(0, root)
+            memory_mb = task.get("memory_mb")
             try:
-                outcome = outcome_json(run_cell(cell, spec, device, int(task["seed"]), workdir))
+                with limits.limited(memory_mb):
+                    outcome = outcome_json(run_cell(cell, spec, device, int(task["seed"]), workdir))
             except Exception as exc:  # noqa: BLE001 - a validator bug must not take other cells down
                 traceback.print_exc()
                 first = (str(exc).splitlines() or [""])[0][:300]
                 outcome = error_outcome(f"validator raised {type(exc).__name__}: {first}")
-        unhealthy = _health(kind)
+            if memory_mb and limits.exhausted(outcome):
+                over = limits.reason(int(memory_mb))
+                print(over, file=sys.stderr)
+                outcome, unhealthy = {**outcome, "verdict": "error", "reason": over}, over
+        unhealthy = unhealthy or _health(kind)
         if unhealthy:
             print(unhealthy, file=sys.stderr)
         _reset_between_cells()
-    if unhealthy:
+    if unhealthy and outcome.get("reason") != unhealthy:
         outcome = {**outcome, "verdict": "error", "reason": unhealthy}
     return {
         "type": "result",

@@ -9,6 +9,7 @@ accepts, so a limit is never guessed from a character count of one field.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +54,12 @@ class Alert:
             if n:
                 parts.append(f"{n} {LABEL[kind]}{'s' if n > 1 else ''}")
         return f"opgate: {', '.join(parts) or 'no regressions'} (run {self.run_id})"
+
+    @property
+    def idempotency_key(self) -> str:
+        """Same items (run id included), same key: what a receiver drops a repeat by."""
+        keys = "\n".join(sorted(item.dedup_key for item in self.items))
+        return hashlib.sha256(keys.encode()).hexdigest()[:32]
 
     def lines(self) -> list[str]:
         return [item.text for item in self.items]

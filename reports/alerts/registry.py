@@ -22,11 +22,14 @@ class Platform:
     build: Callable[[Alert, str, str | None, float], tuple[str, Any]]
     check: Callable[[Response], Acceptance]
     confirms_delivery: bool = True
+    #: takes an idempotency key (so a repeat after an unclear failure cannot post twice)
+    idempotent: bool = False
 
     @classmethod
     def of(cls, name: str, module: ModuleType) -> Platform:
         confirms = bool(getattr(module, "CONFIRMS_DELIVERY", True))
-        return cls(name, module.URL_ENV, module.SECRET_ENV, module.build, module.check, confirms)
+        idempotent = bool(getattr(module, "IDEMPOTENT", False))
+        return cls(name, module.URL_ENV, module.SECRET_ENV, module.build, module.check, confirms, idempotent)
 
 
 PLATFORMS: dict[str, Platform] = {

@@ -1,32 +1,49 @@
-"""HTTP delivery with urllib: timeouts, bounded retries, and no secret in any message.
+"""Delivering one alert: a deadline, retries only where a copy cannot be posted twice, no secret shown.
 
 A webhook URL *is* a credential (Slack, WeCom, Discord and Teams put the token
 in the URL), so nothing here ever formats a URL or an exception text that may
 contain one: messages name the endpoint by scheme and host only, and every
 server-supplied text passes through :class:`Redactor` first.
 
-Retry policy: 5xx, 429, timeouts and connection errors are retried with
-exponential backoff; a ``Retry-After`` header (or Discord's JSON
-``retry_after``) replaces the backoff but is capped at ``max_wait`` so a
-misbehaving server cannot park a CI job.  Other 4xx answers are final.  A 2xx
-whose body carries a platform error code is judged by the platform's checker.
+Delivery is "exactly once, or reported as not delivered": a chat post
+cannot be taken back, and none of the chat platforms opgate speaks to takes
+an idempotency key on its incoming webhooks, so a retry is made only where
+the platform *cannot* have the message:
+
+* the request never fully left (:class:`~reports.alerts.exchange.Phase`
+  ``connect``/``send``: refused, DNS, TLS, reset while sending);
+* the platform said it did not take it: HTTP 429 (rate limit; its
+  ``Retry-After``, or Discord's JSON ``retry_after``, sets the wait), 503
+  (unavailable), 408 (request timeout), or a platform error code meaning
+  "rate limited" in an HTTP 200 body (Feishu, DingTalk, WeCom).
+
+Everything after the request was sent without a clear answer (a timeout, a
+reset, a 500/502/504) is final: the message may have been posted, and
+posting it again could make two.  The generic ``webhook`` target is the
+exception: its schema carries an ``Idempotency-Key`` (header and body), so a
+receiver can drop a repeat and such failures are retried too.  Redirects are
+refused (a POST is never re-sent as a GET, nor anywhere else).
+
+``RetryPolicy.timeout`` is one wall-clock deadline for the whole delivery:
+every attempt, and every wait between attempts, ends before it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import http.client
 import json
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from opgate.matrix.errors import AlertDeliveryFailed
+from opgate.reports.alerts import exchange
+from opgate.reports.alerts.exchange import Answer
 
 USER_AGENT = "opgate-alerts/1"
 BODY_PREVIEW = 200
@@ -102,7 +119,9 @@ class Acceptance:
 
 @dataclass
 class RetryPolicy:
-    timeout: float = 10.0
+    """``timeout``: one deadline (s) for the whole delivery, attempts and waits included."""
+
+    timeout: float = 60.0
     attempts: int = 4
     backoff: float = 1.0
     max_wait: float = 30.0
@@ -115,8 +134,8 @@ def retry_after(response: Response, now: float | None = None) -> float | None:
         try:
             return max(0.0, float(header))
         except ValueError:
-            parsed = email.utils.parsedate_to_datetime(header) if header else None
-            if parsed is not None:
+            with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
+                parsed = email.utils.parsedate_to_datetime(header)
                 return max(0.0, parsed.timestamp() - (now if now is not None else time.time()))
     body = response.json()
     if isinstance(body, dict) and isinstance(body.get("retry_after"), (int, float)):
@@ -124,30 +143,58 @@ def retry_after(response: Response, now: float | None = None) -> float | None:
     return None
 
 
-def _send(url: str, data: bytes, timeout: float) -> Response:
-    request = urllib.request.Request(  # noqa: S310 - scheme checked by check_url
-        url,
-        data=data,
-        method="POST",
-        headers={"Content-Type": "application/json; charset=utf-8", "User-Agent": USER_AGENT},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310
-            return Response(answer.status, answer.read().decode("utf-8", "replace"), dict(answer.headers))
-    except urllib.error.HTTPError as exc:
-        body = exc.read().decode("utf-8", "replace") if exc.fp is not None else ""
-        return Response(exc.code, body, dict(exc.headers or {}))
-
-
 def check_url(url: str, env_name: str) -> None:
     """Refuse anything but http(s) with a host, naming the variable, never the value."""
     try:
         parts = urllib.parse.urlsplit(url)
         valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # a malformed port raises here, not mid-delivery
     except ValueError:
         valid = False
     if not valid:
         raise AlertDeliveryFailed(f"{env_name} is not an http(s) URL ({redact_url(url)})")
+
+
+#: Statuses that say the request was not taken: retrying cannot post twice.
+NOT_TAKEN = frozenset({408, 429, 503})
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One attempt, judged: delivered, or why not and whether another attempt is safe."""
+
+    response: Response | None
+    problem: str = ""
+    safe_retry: bool = False  # another attempt cannot post a second copy
+    wait: float | None = None  # the platform asked for this delay
+    maybe_posted: bool = False  # no clear answer after the request was sent
+
+
+def _judge(
+    answer: Answer, check: Callable[[Response], Acceptance], redactor: Redactor, where: str, idempotent: bool
+) -> _Outcome:
+    response = Response(answer.status, answer.body, answer.headers)
+    preview = redactor.scrub(response.body[:BODY_PREVIEW])
+    status = response.status
+    if 200 <= status < 300:
+        accepted = check(response)
+        if accepted.error is None:
+            return _Outcome(response)
+        return _Outcome(
+            None, f"HTTP {status} with error: {redactor.scrub(accepted.error)}", accepted.retryable
+        )
+    if 300 <= status < 400:
+        target = redact_url(response.headers.get("Location") or response.headers.get("location") or "")
+        return _Outcome(
+            None,
+            f"HTTP {status} redirect to {target}: refused (a redirect would drop or re-send the POST; "
+            f"set the webhook variable to the final URL instead of {where})",
+        )
+    if status in NOT_TAKEN:
+        return _Outcome(None, f"HTTP {status}: {preview!r}", True, retry_after(response))
+    if status >= 500:
+        return _Outcome(None, f"HTTP {status}: {preview!r}", idempotent, retry_after(response), True)
+    return _Outcome(None, f"HTTP {status}: {preview!r}")
 
 
 def post_json(
@@ -160,41 +207,53 @@ def post_json(
     policy: RetryPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
     log: TextIO | None = None,
+    idempotency_key: str | None = None,
 ) -> Response:
-    """POST ``payload``; return the accepted response or raise :class:`AlertDeliveryFailed`."""
+    """POST ``payload``; return the accepted response or raise :class:`AlertDeliveryFailed`.
+
+    With ``idempotency_key`` (sent as ``Idempotency-Key``) a receiver can drop
+    repeats, so failures after the request was sent are retried as well.
+    """
     policy = policy or RetryPolicy()
     log = log if log is not None else sys.stderr
     data = json.dumps(payload, ensure_ascii=False).encode()
+    headers = {"Content-Type": "application/json; charset=utf-8", "User-Agent": USER_AGENT}
+    if idempotency_key:
+        headers["Idempotency-Key"] = idempotency_key
     where = redact_url(url)
-    problem = "not attempted"
-    for attempt in range(1, policy.attempts + 1):
-        wait: float | None = None
+    deadline = time.monotonic() + policy.timeout
+    outcome = _Outcome(None, "not attempted")
+    attempt = 0
+    while attempt < policy.attempts:
+        attempt += 1
         try:
-            response = _send(url, data, policy.timeout)
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            problem = f"{type(exc).__name__}: {redactor.scrub(str(reason))}"
-            retryable = True
-        except ValueError:
+            outcome = _judge(
+                exchange.post(url, data, headers, deadline), check, redactor, where, bool(idempotency_key)
+            )
+        except exchange.ExchangeFailed as exc:
+            arrived = exc.phase.may_have_arrived
+            problem = f"{redactor.scrub(exc.problem)} ({exc.phase.value})"
+            outcome = _Outcome(None, problem, not arrived or bool(idempotency_key), None, arrived)
+        except (ValueError, http.client.InvalidURL):
             raise AlertDeliveryFailed(f"{platform}: malformed webhook URL ({where})") from None
-        else:
-            preview = redactor.scrub(response.body[:BODY_PREVIEW])
-            if 200 <= response.status < 300:
-                verdict = check(response)
-                if verdict.error is None:
-                    return response
-                problem = f"HTTP {response.status} with error: {redactor.scrub(verdict.error)}"
-                retryable = verdict.retryable
-            else:
-                problem = f"HTTP {response.status}: {preview!r}"
-                retryable = response.status == 429 or response.status >= 500
-                wait = retry_after(response) if retryable else None
-        if not retryable or attempt == policy.attempts:
+        if outcome.response is not None:
+            return outcome.response
+        if not outcome.safe_retry or attempt == policy.attempts:
             break
-        delay = min(wait if wait is not None else policy.backoff * 2 ** (attempt - 1), policy.max_wait)
-        log.write(
-            f"opgate alert: {platform}: {problem} from {where}; retry {attempt}/{policy.attempts - 1} "
-            f"in {delay:.2f} s\n"
-        )
+        wanted = outcome.wait if outcome.wait is not None else policy.backoff * 2 ** (attempt - 1)
+        delay = min(wanted, policy.max_wait)
+        if time.monotonic() + delay >= deadline:
+            problem = f"{outcome.problem}; no time left for a retry within --timeout"
+            outcome = replace(outcome, problem=problem, safe_retry=False)
+            break
+        retry = f"retry {attempt}/{policy.attempts - 1} in {delay:.2f} s"
+        log.write(f"opgate alert: {platform}: {outcome.problem} from {where}; {retry}\n")
         sleep(delay)
-    raise AlertDeliveryFailed(f"{platform}: delivery to {where} failed after {attempt} attempt(s): {problem}")
+    unsure = "" if not outcome.maybe_posted else (_KEYED if idempotency_key else _MAYBE)
+    raise AlertDeliveryFailed(
+        f"{platform}: delivery to {where} failed after {attempt} attempt(s): {outcome.problem}{unsure}"
+    )
+
+
+_MAYBE = "; the platform may have received it, so it was not sent again (check the channel)"
+_KEYED = "; the receiver may hold a copy: every attempt carried the same Idempotency-Key"
