@@ -117,6 +117,13 @@ CASES = [
     # data-dependent Python in the entry point: fullgraph fails (a plain compile counts one break)
     Case("zoo_graph_break", "fp32", "contiguous", "compile", "fail", "compile"),
     ok("zoo_graph_break", "fp16", "strided", "eager"),
+    # torch.library.triton_op + wrap_triton (PyTorch's documented path): passes every mode, CPU included
+    ok("zoo_triton_op", "fp32", "contiguous", "eager"),
+    ok("zoo_triton_op", "bf16", "transposed", "eager"),
+    ok("zoo_triton_op", "fp16", "strided", "compile"),
+    ok("zoo_triton_op", "bf16", "zero_size", "compile"),
+    ok("zoo_triton_op", "fp32", "offset", "export"),
+    ok("zoo_triton_op", "fp32", "contiguous", "aoti"),
     # declared limits
     Case("zoo_limits", "fp16", "contiguous", "eager", "unsupported", "limits", impl="refuses"),
     Case("zoo_limits", "fp16", "transposed", "compile", "unsupported", "limits", impl="refuses"),

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from opgate.validators.interpreted_triton_op import support_triton_ops
 from opgate.validators.interpreter import round_bf16_to_nearest
 from opgate.validators.result import CheckResult, Verdict
 
@@ -185,6 +186,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the op module decorates its kernels
         round_bf16_to_nearest()  # the interpreter truncates to bf16; the GPU rounds
+        support_triton_ops()  # torch.library.triton_op ops under the interpreter (see there)
     if spec.root is not None and str(spec.root) not in sys.path:
         sys.path.insert(0, str(spec.root))
     impl = spec.implementations.get(cell.impl)
