@@ -46,7 +46,13 @@ def test_without_support_compile_fails_and_the_reason_keeps_pytorchs_hint() -> N
     """The bug is real (in a process without the validators' support), and its reason names the fix."""
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
-        [sys.executable, "-c", _UNPATCHED], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+        [sys.executable, "-c", _UNPATCHED],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -74,7 +80,8 @@ def test_fake_launches_are_noops_and_real_launches_run() -> None:
     with FakeTensorMode() as mode:
         fx, fw = mode.from_tensor(x), mode.from_tensor(w)
         y = rms_norm(fx, fw)
-    assert y.shape == (5, 33) and y.dtype == torch.float32
+    assert y.shape == (5, 33)
+    assert y.dtype == torch.float32
     result = torch.library.opcheck(rms_norm, (x, w), raise_exception=False)
     assert all(v == "SUCCESS" for v in result.values()), result
 

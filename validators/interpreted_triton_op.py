@@ -64,6 +64,6 @@ def support_triton_ops() -> bool:
             return None
         return launch(self, *args, grid=grid, warmup=warmup, **kwargs)
 
-    InterpretedFunction.run = run  # type: ignore[method-assign]
+    InterpretedFunction.run = run
     functorch_config.decompose_custom_triton_ops = False
     return True

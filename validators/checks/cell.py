@@ -199,6 +199,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     from opgate.validators.checks.artifacts import make_artifact
     from opgate.validators.checks.base import run_check
     from opgate.validators.checks.context import build_context
+    from opgate.validators.controls import control_checks, is_control
     from opgate.validators.layouts import LayoutError
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -217,6 +218,9 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
 
             results = [run_check(c, ctx) for c in limits.CHECKS]
         else:
-            results = [run_check(c, ctx) for c in checks_for(cell.mode)]
+            checks = checks_for(cell.mode)
+            if is_control(cell):
+                checks = [c for c in checks if c.name in control_checks(cell.mode)]
+            results = [run_check(c, ctx) for c in checks]
     verdict = combine(results)
     return CellOutcome(results, list(ctx.kernels), _reason(results, verdict), None)
