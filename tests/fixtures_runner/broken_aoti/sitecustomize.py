@@ -29,15 +29,17 @@ class _BreakAotiLoad(importlib.abc.MetaPathFinder):
                 continue
             spec = finder.find_spec(name, path, target)
             if spec is not None and spec.loader is not None:
-                load = spec.loader.exec_module
-
-                def exec_module(module: Any) -> None:
-                    load(module)
-                    module.aoti_load_package = _segfault
-
-                spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+                spec.loader.exec_module = _then_break(spec.loader.exec_module)  # type: ignore[method-assign]
                 return spec
         return None
+
+
+def _then_break(load: Any) -> Any:
+    def exec_module(module: Any) -> None:
+        load(module)
+        module.aoti_load_package = _segfault
+
+    return exec_module
 
 
 sys.meta_path.insert(0, _BreakAotiLoad())
