@@ -57,11 +57,13 @@ CASES = [
     ok("zoo_good", "fp16", "misaligned", "eager"),
     ok("zoo_good", "bf16", "zero_size", "compile"),
     ok("zoo_good", "bf16", "strided", "export"),
+    ok("zoo_good", "fp32", "contiguous", "aoti"),
     # CompositeImplicitAutograd: kernel runs eagerly, vanishes under compile (opcheck is blind to it)
     ok("zoo_cia", "fp32", "contiguous", "eager"),
     ok("zoo_cia", "bf16", "transposed", "eager"),
     Case("zoo_cia", "fp32", "contiguous", "compile", "fallback", "evidence"),
     Case("zoo_cia", "bf16", "transposed", "compile", "fallback", "evidence"),
+    Case("zoo_cia", "fp32", "contiguous", "aoti", "fallback", "evidence"),  # the loaded package's run
     # no fake impl: eager numbers fine, but opcheck and every tracing mode fail
     Case("zoo_no_fake", "fp32", "contiguous", "eager", "fail", "opcheck:test_faketensor"),
     Case("zoo_no_fake", "fp32", "contiguous", "compile", "fail", "compile"),

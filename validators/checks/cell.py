@@ -37,7 +37,7 @@ MODE_CHECKS: dict[str, tuple[str, ...]] = {
     "compile": ("compile", "correctness", "evidence", "perf"),
     "cudagraphs": ("cudagraphs", "correctness"),
     "export": ("export", "correctness"),
-    "aoti": ("aoti", "correctness"),
+    "aoti": ("aoti", "correctness", "evidence"),
 }
 
 #: Checks owned elsewhere that a checkout may not have yet (absent -> not run).
