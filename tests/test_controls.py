@@ -191,3 +191,8 @@ def test_the_broken_mode_is_a_column_note_and_not_a_regression(
     assert [c["cell"] for c in changes["new_failures"]] == [
         c.result.id for c in back.entries if c.result.verdict is Verdict.FAIL
     ]
+    from opgate.reports.alerts.message import from_diff
+
+    alerted = {item.cell for item in from_diff(changes, "run-1", "").items}
+    assert changes["environment"][0]["cell"] not in alerted
+    assert alerted == {c["cell"] for c in changes["new_failures"]}
