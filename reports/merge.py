@@ -83,6 +83,17 @@ def read_runs(directories: Sequence[Path]) -> list[tuple[Path, RunResults]]:
     return runs
 
 
+def _environment(path: Path, result: CellResult, run: RunResults, merged: Merged) -> str:
+    """The environment key of a record (its own fingerprint, else the run's), noted in ``merged``."""
+    fingerprint = result.env or run.env
+    try:
+        key = Fingerprint.from_json(fingerprint).key
+    except FingerprintError as exc:
+        raise ResultsFormatError(f"{path}: cell {result.id}: {exc}") from exc
+    merged.environments.setdefault(key, dict(fingerprint))
+    return key
+
+
 def merge(runs: Iterable[tuple[Path, RunResults]]) -> Merged:
     """Merge runs; raise :class:`MergeConflict` on disagreeing verdicts."""
     merged = Merged()
@@ -95,12 +106,7 @@ def merge(runs: Iterable[tuple[Path, RunResults]]) -> Merged:
             SourceInfo(str(path), run.shard, run.started_at, run.finished_at, len(run.cells))
         )
         for result in run.cells:
-            fingerprint = result.env or run.env
-            try:
-                key = Fingerprint.from_json(fingerprint).key
-            except FingerprintError as exc:
-                raise ResultsFormatError(f"{path}: cell {result.id}: {exc}") from exc
-            merged.environments.setdefault(key, dict(fingerprint))
+            key = _environment(path, result, run, merged)
             entry = Entry(result, key, str(path))
             previous = seen.get(entry.key)
             if previous is None:
@@ -113,10 +119,7 @@ def merge(runs: Iterable[tuple[Path, RunResults]]) -> Merged:
                     f"{result.verdict.value} in {path}; re-run that cell or drop one of the files"
                 )
         for result in run.controls:
-            fingerprint = result.env or run.env
-            key = env_key(fingerprint)
-            merged.environments.setdefault(key, dict(fingerprint))
-            entry = Entry(result, key, str(path))
+            entry = Entry(result, _environment(path, result, run, merged), str(path))
             kept = controls.get(entry.key)
             if kept is None or (result.verdict.is_bad and not kept.result.verdict.is_bad):
                 controls[entry.key] = entry
