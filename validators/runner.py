@@ -160,7 +160,8 @@ class Runner:
         self.cached: list[str] = []
         self.results: dict[str, CellResult] = {}
         self.controls: dict[str, CellResult] = {}
-        self._scheduled_controls: set[str] = set()
+        #: control id -> the op cell whose failure scheduled it (a control is re-run through that cell)
+        self._scheduled_controls: dict[str, Cell] = {}
         self._gpus: list[Gpu] = []
         self.timings: dict[str, float] = {}
 
@@ -321,7 +322,7 @@ class Runner:
             return []
         if control.id in self._scheduled_controls:
             return []
-        self._scheduled_controls.add(control.id)
+        self._scheduled_controls[control.id] = result.cell
         if self._serve_cached(control):
             return []
         placement = device.place(control, self._gpus)
@@ -370,7 +371,7 @@ class Runner:
             duration_s=sum(v.duration_s for v in views),
             reason=reason,
             seed=seed,
-            repro=self._repro(cell, seed),
+            repro=self._repro(self._scheduled_controls.get(cell.id, cell), seed),
             attempts=len(views),
         )
         self._store(result)
