@@ -213,6 +213,7 @@ class RunResults:
         """The committed form: :func:`compact_record` of every cell (see there for what is kept)."""
         doc = self.to_json()
         doc["cells"] = [compact_record(c, self.env) for c in doc["cells"]]
+        doc["controls"] = [compact_record(c, self.env) for c in doc["controls"]]
         return doc
 
     def write(self, path: Path, *, compact: bool = False) -> dict[str, Any]:
