@@ -30,6 +30,7 @@ from opgate.matrix.yamlload import YMap, YNode, load_yaml
 from opgate.ops import cost
 from opgate.ops.spec_refs import import_root, reference_problems
 from opgate.ops.spec_schema import (
+    CONTROL_IMPL,
     DEVICE_KINDS,
     OPS_DIR,
     REF_HINT,
@@ -303,6 +304,12 @@ def load_spec(path: Path, root: Path | None) -> OpSpec:
         if isinstance(impls, dict) and isinstance(impl_nodes, YMap):
             for name, raw in impls.items():
                 node = impl_nodes.get(name)
+                if name == CONTROL_IMPL and node is not None:
+                    problems.add(
+                        node.where,
+                        f"implementations.{name}: the name is reserved for opgate's environment controls",
+                        "rename the implementation",
+                    )
                 if isinstance(raw, dict) and node is not None:
                     _impl_checks(name, raw, data, node, spec_dir=path.parent, problems=problems)
         reference_problems(data, tree, root, problems)

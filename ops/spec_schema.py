@@ -19,6 +19,9 @@ OPS_DIR = Path(__file__).resolve().parent
 OP_CATEGORIES = ("norm", "activation", "attention", "position", "gemm", "other")
 DEVICE_KINDS = ("cpu", "cuda")
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
+#: Implementation name of opgate's environment controls (the op's reference run through a mode,
+#: see validators/controls.py): reserved, a spec may not name an implementation so.
+CONTROL_IMPL = "control"
 REF_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
 REF_HINT = "write module:attribute, e.g. my_ops.rms_norm.reference:rms_norm"
 DIST_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"

@@ -70,6 +70,8 @@ class Compat:
     perf: dict[str, Any] = field(default_factory=dict)
     sources: list[dict[str, Any]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # planned cells without a verdict: incomplete
+    #: environment controls (validators.controls): they explain ``environment`` cells, never counted as cells
+    controls: list[Entry] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,13 +81,17 @@ class Compat:
             "sources": self.sources,
             "missing": self.missing,
             "environments": self.environments,
-            # the compact record: evidence of red checks, no env (``environments[env_key]`` holds it)
-            "cells": [
-                {**compact_record(e.result.to_json(), self.environments.get(e.env_key)), "env_key": e.env_key}
-                for e in self.entries
-            ],
+            "cells": self._records(self.entries),
+            "controls": self._records(self.controls),
             "perf": self.perf,
         }
+
+    def _records(self, entries: list[Entry]) -> list[dict[str, Any]]:
+        """The compact record: evidence of red checks, no env (``environments[env_key]`` holds it)."""
+        return [
+            {**compact_record(e.result.to_json(), self.environments.get(e.env_key)), "env_key": e.env_key}
+            for e in entries
+        ]
 
 
 def build(merged: Merged, history: Compat | None = None, generated_at: str | None = None) -> Compat:
@@ -105,7 +111,7 @@ def build(merged: Merged, history: Compat | None = None, generated_at: str | Non
     perf = {"history_limit": HISTORY_LIMIT, "samples_kept": SAMPLES_KEPT, "series": series}
     environments = dict(history.environments) if history else {}
     # Only environments that still have cells or perf series stay in the document.
-    used = {e.env_key for e in merged.entries} | {str(s["env_key"]) for s in series}
+    used = {e.env_key for e in (*merged.entries, *merged.controls)} | {str(s["env_key"]) for s in series}
     environments = {k: v for k, v in environments.items() if k in used}
     environments.update(merged.environments)
     return Compat(
@@ -115,6 +121,7 @@ def build(merged: Merged, history: Compat | None = None, generated_at: str | Non
         perf=perf,
         sources=[asdict(s) for s in merged.sources],
         missing=list(merged.missing),
+        controls=list(merged.controls),
     )
 
 
@@ -135,11 +142,14 @@ def from_document(doc: Mapping[str, Any], where: str) -> Compat:
     """Parse a compat document after validating it against the schema."""
     validate_document(doc, where)
     _check_environments(doc["environments"], where)
-    entries = []
     environments = doc["environments"]
-    for record in doc["cells"]:
+
+    def entry(record: Mapping[str, Any]) -> Entry:
         result = CellResult.from_json({"env": environments.get(record["env_key"], {}), **record})
-        entries.append(Entry(result, str(record["env_key"]), where))
+        return Entry(result, str(record["env_key"]), where)
+
+    entries = [entry(r) for r in doc["cells"]]
+    controls = [entry(r) for r in doc.get("controls") or []]
     return Compat(
         generated_at=str(doc["generated_at"]),
         environments={k: dict(v) for k, v in doc["environments"].items()},
@@ -147,6 +157,7 @@ def from_document(doc: Mapping[str, Any], where: str) -> Compat:
         perf=dict(doc.get("perf") or {}),
         sources=list(doc.get("sources") or []),
         missing=[str(m) for m in doc.get("missing") or []],
+        controls=controls,
     )
 
 

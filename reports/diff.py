@@ -12,12 +12,16 @@ Categories (buckets from :mod:`reports.view`):
 * ``new_fallbacks``   head falls back, base passed, was untested or absent
 * ``fixes``           base failed or fell back, head passes
 * ``became_untested`` base produced a verdict, head skipped the cell or lost it
+* ``environment``     head's mode is broken in its environment (the op's own reference fails
+                      the same way: verdict ``environment``), base was not
 * ``other_changes``   any other verdict change (fail -> fallback, pass -> unsupported, ...)
 * ``perf_regressions`` from :func:`reports.perf.perf_regressions`
 
 A regression (what ``--fail-on-regression`` and alerts act on) is a new
 failure, a new fallback or a perf regression.  Lost coverage is reported but
-does not gate: a runner outage must not block every PR.
+does not gate: a runner outage must not block every PR.  Neither does a mode
+the environment broke: it is reported under ``environment``, never as the op's
+regression.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from opgate.validators.env import Fingerprint
 
 DIFF_SCHEMA_FILE = SCHEMA_DIR / "diff.schema.json"
 DIFF_SCHEMA_ID = "urn:opgate:schema:diff:1"
-CATEGORIES = ("new_failures", "new_fallbacks", "fixes", "became_untested", "other_changes")
+CATEGORIES = ("new_failures", "new_fallbacks", "fixes", "became_untested", "environment", "other_changes")
 REGRESSION_KINDS = {"new_failures": "new_failure", "new_fallbacks": "new_fallback"}
 
 
@@ -102,6 +106,7 @@ def _record(key: tuple[str, str], base: Entry | None, head: Entry | None) -> dic
 
 
 _RULES: tuple[tuple[str, Callable[[str | None, str | None], bool]], ...] = (
+    ("environment", lambda before, after: after == "environment" and before != "environment"),
     ("new_failures", lambda before, after: after == "fail" and before != "fail"),
     (
         "new_fallbacks",

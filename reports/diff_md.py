@@ -22,6 +22,7 @@ _SECTIONS: tuple[tuple[str, str], ...] = (
     ("perf_regressions", "📉 Perf regressions"),
     ("fixes", "✅ Fixed"),
     ("became_untested", "– Became untested"),
+    ("environment", "🌐 Mode broken by the environment"),
     ("other_changes", "↔ Other verdict changes"),
 )
 

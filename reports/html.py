@@ -39,6 +39,7 @@ from opgate.reports.view import (
     bucket,
     columns,
     counts,
+    environment_notes,
     format_counts,
     resolved,
     row_of,
@@ -113,6 +114,18 @@ def _static(name: str) -> str:
     return (STATIC / name).read_text(encoding="utf-8")
 
 
+def _environment_notes(compat: Compat) -> str:
+    """The environment column notes (see :func:`reports.view.environment_notes`), as a list."""
+    items = [
+        f"<li><strong>{escape(n.column)} · {escape(n.mode)}</strong>: broken in this environment, "
+        f"{n.cells} op cell(s) not blamed; the ops' own references fail the same way "
+        f"({escape(n.reason or 'no reason recorded')}); "
+        f"controls: {escape(', '.join(n.controls) or 'none')}</li>"
+        for n in environment_notes(compat.entries)
+    ]
+    return f'<h3>Environment notes</h3><ul class="env-notes">{"".join(items)}</ul>' if items else ""
+
+
 def render(compat: Compat, block_section: str = "") -> str:
     """The whole page; ``block_section``: the decoder-block comparison's HTML, when published."""
     js = "\n".join(_static(name) for name in SCRIPTS)
@@ -139,8 +152,10 @@ of its own (<code>index.html#{escape(CELL_ANCHOR)}CELL-ID</code>).</p>
 <main>
 <section id="summary"><h2>Summary</h2>{_summary_table(compat)}
 <p class="muted legend">✓ pass · ⚠ fallback (numbers right, own kernel not seen) · ✗ fail / error / \
-flaky · – untested here · ⊘ declared unsupported. "(binary only)": arch verified in the binary \
-(build cells), no such GPU ran; a GPU name: runtime cells ran on that GPU.</p></section>
+flaky · – untested here · ⊘ declared unsupported · ⚑ environment (the mode is broken there: the op's \
+own reference fails the same way). "(binary only)": arch verified in the binary \
+(build cells), no such GPU ran; a GPU name: runtime cells ran on that GPU.</p>
+{_environment_notes(compat)}</section>
 <section id="matrix-section"><h2>Matrix</h2>
 <div id="load-status" data-state="loading" role="status">Loading {DATA_FILE}…</div>
 <form id="filters" autocomplete="off"></form>

@@ -22,6 +22,7 @@ from opgate.reports.view import (
     Column,
     bucket,
     columns,
+    environment_notes,
     format_counts,
     one_line_reason,
     resolved,
@@ -42,6 +43,9 @@ results count here too.
 - {ICONS["untested"]} untested — could not run in that environment (no such device, toolkit or package).
 - {ICONS["unsupported"]} unsupported — declared unsupported in the op's spec, and the op refused it with \
 a clear error (shown only where present).
+- {ICONS["environment"]} environment — the mode is broken in that environment: the op's own reference, \
+run through the same mode by the same machinery (its *control*), fails the same way, so the op is not \
+blamed (shown only where present; the column header names the broken modes, "Environment notes" says why).
 - Columns are torch / CUDA / arch. **A GPU name**, e.g. "(H200)": runtime cells *ran on that GPU* (a \
 device of that compute capability). **"(binary only)"**: no such GPU ran; the arch is *verified in \
 the binary* only (`build` cells: the compiled kernels hold SASS/PTX for that arch, checked with cuobjdump).
@@ -93,6 +97,16 @@ def _non_pass(entries: Sequence[Entry]) -> list[str]:
         if len(group) > LIST_LIMIT:
             lines.append(f"- … {len(group) - LIST_LIMIT} more in compat.json")
         lines.append("")
+    broken = by_bucket["environment"]
+    if broken:
+        lines += [f"### {ICONS['environment']} environment ({len(broken)}), by mode", ""]
+        modes: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for entry in broken:
+            modes[(entry.result.cell.mode, entry.env_key)].append(entry.result.id)
+        for (mode, env), ids in sorted(modes.items()):
+            example = f"e.g. `{ids[0]}`"
+            lines.append(f"- {len(ids)} {mode} cell(s) in env `{env}`: the mode is broken there ({example})")
+        lines.append("")
     untested = by_bucket["untested"]
     if untested:
         lines += [f"### {ICONS['untested']} untested ({len(untested)}), by reason", ""]
@@ -103,6 +117,22 @@ def _non_pass(entries: Sequence[Entry]) -> list[str]:
             lines.append(f"- {len(ids)} cell(s): {_esc(reason)} (e.g. `{ids[0]}`)")
         lines.append("")
     return lines
+
+
+def _environment_section(compat: Compat) -> list[str]:
+    """The environment column notes: per column and mode, what the controls found."""
+    notes = environment_notes(compat.entries)
+    if not notes:
+        return []
+    lines = ["## Environment notes", ""]
+    for note in notes:
+        shown = ", ".join(f"`{c}`" for c in note.controls[:3]) + (" …" if len(note.controls) > 3 else "")
+        lines.append(
+            f"- **{_esc(note.column)} · {_esc(note.mode)}**: broken in this environment, "
+            f"{note.cells} op cell(s) not blamed; the ops' own references fail the same way "
+            f"({_esc(note.reason) or 'no reason recorded'}); controls: {shown or 'none recorded'}"
+        )
+    return [*lines, ""]
 
 
 def render(compat: Compat) -> str:
@@ -125,6 +155,7 @@ def render(compat: Compat) -> str:
         "",
         *_table(header, _grid(slots, "op", cols, compact=False)),
         "",
+        *_environment_section(compat),
     ]
     ops: dict[str, list[Entry]] = defaultdict(list)
     for entry in slots:

@@ -8,6 +8,9 @@ happen, so it refuses rather than guesses:
   :class:`~matrix.errors.MergeConflict` (naming the cell, both verdicts and
   both files) — one of the two runs is wrong and a person must say which;
 * identical duplicates (a shard downloaded twice) are dropped;
+* environment controls (``controls`` of each run) are merged beside the cells:
+  one per (control, environment), the worst when shards disagree, since a
+  control only explains cells and is not itself a verdict of record;
 * with a plan manifest, a planned shard whose cells are absent is a
   :class:`~matrix.errors.MissingShard`: a table without those cells would read
   as "fewer cells", not "shard lost".
@@ -61,6 +64,7 @@ class Merged:
     environments: dict[str, dict[str, Any]] = field(default_factory=dict)
     sources: list[SourceInfo] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # planned by a run, produced by none
+    controls: list[Entry] = field(default_factory=list)
 
 
 def results_path(directory: Path) -> Path:
@@ -79,23 +83,30 @@ def read_runs(directories: Sequence[Path]) -> list[tuple[Path, RunResults]]:
     return runs
 
 
+def _environment(path: Path, result: CellResult, run: RunResults, merged: Merged) -> str:
+    """The environment key of a record (its own fingerprint, else the run's), noted in ``merged``."""
+    fingerprint = result.env or run.env
+    try:
+        key = Fingerprint.from_json(fingerprint).key
+    except FingerprintError as exc:
+        raise ResultsFormatError(f"{path}: cell {result.id}: {exc}") from exc
+    merged.environments.setdefault(key, dict(fingerprint))
+    return key
+
+
 def merge(runs: Iterable[tuple[Path, RunResults]]) -> Merged:
     """Merge runs; raise :class:`MergeConflict` on disagreeing verdicts."""
     merged = Merged()
     seen: dict[tuple[str, str], Entry] = {}
     runs = list(runs)
     merged.missing = missing_cells(run for _, run in runs)
+    controls: dict[tuple[str, str], Entry] = {}
     for path, run in runs:
         merged.sources.append(
             SourceInfo(str(path), run.shard, run.started_at, run.finished_at, len(run.cells))
         )
         for result in run.cells:
-            fingerprint = result.env or run.env
-            try:
-                key = Fingerprint.from_json(fingerprint).key
-            except FingerprintError as exc:
-                raise ResultsFormatError(f"{path}: cell {result.id}: {exc}") from exc
-            merged.environments.setdefault(key, dict(fingerprint))
+            key = _environment(path, result, run, merged)
             entry = Entry(result, key, str(path))
             previous = seen.get(entry.key)
             if previous is None:
@@ -107,7 +118,13 @@ def merge(runs: Iterable[tuple[Path, RunResults]]) -> Merged:
                     f"{previous.result.verdict.value} in {previous.source} and "
                     f"{result.verdict.value} in {path}; re-run that cell or drop one of the files"
                 )
+        for result in run.controls:
+            entry = Entry(result, _environment(path, result, run, merged), str(path))
+            kept = controls.get(entry.key)
+            if kept is None or (result.verdict.is_bad and not kept.result.verdict.is_bad):
+                controls[entry.key] = entry
     merged.entries.sort(key=lambda e: e.key)
+    merged.controls = sorted(controls.values(), key=lambda e: e.key)
     return merged
 
 

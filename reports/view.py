@@ -23,11 +23,20 @@ from opgate.reports.merge import Entry
 from opgate.validators.env import Fingerprint
 from opgate.validators.result import CellResult, Verdict
 
-BUCKETS: tuple[str, ...] = ("pass", "fallback", "fail", "untested", "unsupported")
-ICONS = {"pass": "✅", "fallback": "⚠️", "fail": "❌", "untested": "–", "unsupported": "🚫"}
+BUCKETS: tuple[str, ...] = ("pass", "fallback", "fail", "untested", "unsupported", "environment")
+#: Buckets a count shows only where present (declared refusals, modes the environment broke).
+OPTIONAL_BUCKETS = frozenset({"unsupported", "environment"})
+ICONS = {
+    "pass": "✅",
+    "fallback": "⚠️",
+    "fail": "❌",
+    "untested": "–",
+    "unsupported": "🚫",
+    "environment": "🌐",
+}
 #: Glyphs for the dashboard: present in common text fonts, so a machine without an emoji
 #: font (a CI container, a headless browser) still shows them.
-GLYPHS = {"pass": "✓", "fallback": "⚠", "fail": "✗", "untested": "–", "unsupported": "⊘"}
+GLYPHS = {"pass": "✓", "fallback": "⚠", "fail": "✗", "untested": "–", "unsupported": "⊘", "environment": "⚑"}
 _BUCKET_OF = {
     Verdict.PASS: "pass",
     Verdict.FALLBACK: "fallback",
@@ -36,6 +45,7 @@ _BUCKET_OF = {
     Verdict.FLAKY: "fail",
     Verdict.SKIP: "untested",
     Verdict.UNSUPPORTED: "unsupported",
+    Verdict.ENVIRONMENT: "environment",
 }
 #: Worst first: which verdict a cell shows when several environments report it.
 SEVERITY: tuple[Verdict, ...] = (
@@ -43,6 +53,7 @@ SEVERITY: tuple[Verdict, ...] = (
     Verdict.FAIL,
     Verdict.FLAKY,
     Verdict.FALLBACK,
+    Verdict.ENVIRONMENT,
     Verdict.UNSUPPORTED,
     Verdict.PASS,
     Verdict.SKIP,
@@ -90,9 +101,13 @@ class Column:
     gpus: set[str] = field(default_factory=set)  # devices that ran runtime cells of this arch
     binary: bool = False  # a build cell produced a verdict
     cpu: bool = False
+    broken_modes: set[str] = field(default_factory=set)  # modes the environment broke (verdict environment)
 
     @property
     def label(self) -> str:
+        return self._evidence_label() + self._note()
+
+    def _evidence_label(self) -> str:
         if self.cpu:
             return self.name
         if self.gpus:
@@ -100,6 +115,12 @@ class Column:
         if self.binary:
             return f"{self.name} (binary only)"
         return f"{self.name} (not run)"
+
+    def _note(self) -> str:
+        """The environment column note: modes broken here for the ops' own references too."""
+        if not self.broken_modes:
+            return ""
+        return f" {ICONS['environment']} {', '.join(sorted(self.broken_modes))} broken here"
 
 
 def columns(entries: Iterable[Entry], environments: Mapping[str, Mapping[str, Any]]) -> dict[str, Column]:
@@ -110,6 +131,8 @@ def columns(entries: Iterable[Entry], environments: Mapping[str, Mapping[str, An
         column = found.setdefault(column_of(cell), Column(column_of(cell), cpu=cell.arch == "cpu"))
         if not entry.result.verdict.ran:
             continue
+        if entry.result.verdict is Verdict.ENVIRONMENT:
+            column.broken_modes.add(cell.mode)
         if cell.mode == BUILD_MODE:
             column.binary = True
             continue
@@ -117,6 +140,34 @@ def columns(entries: Iterable[Entry], environments: Mapping[str, Mapping[str, An
         if cell.arch != "cpu" and fingerprint.arch == cell.arch:
             column.gpus.add(fingerprint.short_gpu or cell.arch)
     return {name: found[name] for name in sorted(found, key=column_sort_key)}
+
+
+@dataclass(frozen=True)
+class EnvironmentNote:
+    """One mode the environment broke in one column: how many op cells, and what their controls said."""
+
+    column: str
+    mode: str
+    cells: int
+    controls: tuple[str, ...]
+    reason: str
+
+
+def environment_notes(entries: Iterable[Entry]) -> list[EnvironmentNote]:
+    """Per (column, mode), the op cells given ``environment`` and the controls that explain them."""
+    groups: dict[tuple[str, str], list[CellResult]] = {}
+    for entry in entries:
+        if entry.result.verdict is Verdict.ENVIRONMENT:
+            groups.setdefault((column_of(entry.result.cell), entry.result.cell.mode), []).append(entry.result)
+    notes = []
+    for column, mode in sorted(groups, key=lambda key: (column_sort_key(key[0]), key[1])):
+        results = groups[(column, mode)]
+        linked = [c.details for r in results if (c := r.check("control")) is not None]
+        controls = tuple(sorted({str(d.get("control", "")) for d in linked if d.get("control")}))
+        reasons = [str(d.get("reason") or d.get("verdict") or "") for d in linked]
+        reason = max(set(reasons), key=reasons.count) if reasons else ""
+        notes.append(EnvironmentNote(column, mode, len(results), controls, reason))
+    return notes
 
 
 def row_of(result: CellResult) -> str:
@@ -138,13 +189,13 @@ def counts(entries: Iterable[Entry]) -> Counter[str]:
 def format_counts(
     counter: Counter[str], sep: str = " · ", compact: bool = False, icons: Mapping[str, str] = ICONS
 ) -> str:
-    """ "✅ 42 · ⚠️ 2 · ❌ 1 · – 3" (+ "🚫 n" only when declared-unsupported cells exist).
+    """ "✅ 42 · ⚠️ 2 · ❌ 1 · – 3" (+ "🚫 n" / "🌐 n" only where such cells exist).
 
     ``compact`` drops zero counts (per-op tables, where most slots hold one bucket).
     """
     if not counter:
         return ""
-    shown = [b for b in BUCKETS if counter[b] or (not compact and b != "unsupported")]
+    shown = [b for b in BUCKETS if counter[b] or (not compact and b not in OPTIONAL_BUCKETS)]
     return sep.join(f"{icons[b]} {counter[b]}" for b in shown)
 
 

@@ -159,7 +159,7 @@ def test_sessions_install_the_debian_packages_their_tests_need(monkeypatch: pyte
 def test_strict_mode_counts_the_gates_red_verdicts(tmp_path: Path) -> None:
     """``OPGATE_STRICT=1`` rejects exactly what ``Verdict.is_bad`` rejects (no second list)."""
     noxfile = _noxfile()
-    verdicts = ["pass", "fallback", "flaky", "skip", "unsupported", "fail", "error"]
+    verdicts = ["pass", "fallback", "flaky", "skip", "unsupported", "environment", "fail", "error"]
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"cells": [{"id": f"c-{v}", "verdict": v} for v in verdicts]}))
     assert noxfile.red_cells(results) == ["c-fallback", "c-flaky", "c-fail", "c-error"]

@@ -57,11 +57,13 @@ CASES = [
     ok("zoo_good", "fp16", "misaligned", "eager"),
     ok("zoo_good", "bf16", "zero_size", "compile"),
     ok("zoo_good", "bf16", "strided", "export"),
+    ok("zoo_good", "fp32", "contiguous", "aoti"),
     # CompositeImplicitAutograd: kernel runs eagerly, vanishes under compile (opcheck is blind to it)
     ok("zoo_cia", "fp32", "contiguous", "eager"),
     ok("zoo_cia", "bf16", "transposed", "eager"),
     Case("zoo_cia", "fp32", "contiguous", "compile", "fallback", "evidence"),
     Case("zoo_cia", "bf16", "transposed", "compile", "fallback", "evidence"),
+    Case("zoo_cia", "fp32", "contiguous", "aoti", "fallback", "evidence"),  # the loaded package's run
     # no fake impl: eager numbers fine, but opcheck and every tracing mode fail
     Case("zoo_no_fake", "fp32", "contiguous", "eager", "fail", "opcheck:test_faketensor"),
     Case("zoo_no_fake", "fp32", "contiguous", "compile", "fail", "compile"),
@@ -117,6 +119,13 @@ CASES = [
     # data-dependent Python in the entry point: fullgraph fails (a plain compile counts one break)
     Case("zoo_graph_break", "fp32", "contiguous", "compile", "fail", "compile"),
     ok("zoo_graph_break", "fp16", "strided", "eager"),
+    # torch.library.triton_op + wrap_triton (PyTorch's documented path): passes every mode, CPU included
+    ok("zoo_triton_op", "fp32", "contiguous", "eager"),
+    ok("zoo_triton_op", "bf16", "transposed", "eager"),
+    ok("zoo_triton_op", "fp16", "strided", "compile"),
+    ok("zoo_triton_op", "bf16", "zero_size", "compile"),
+    ok("zoo_triton_op", "fp32", "offset", "export"),
+    ok("zoo_triton_op", "fp32", "contiguous", "aoti"),
     # declared limits
     Case("zoo_limits", "fp16", "contiguous", "eager", "unsupported", "limits", impl="refuses"),
     Case("zoo_limits", "fp16", "transposed", "compile", "unsupported", "limits", impl="refuses"),

@@ -57,7 +57,11 @@ def write_run(run: RunResults, out: Path) -> dict[str, Any]:
 
 
 def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted") -> RunResults:
-    """Read ``out/cells/*.json`` and write ``out/results.json`` and ``out/junit.xml``."""
+    """Read ``out/cells/*.json`` and ``out/controls/*.json``; write ``results.json`` and ``junit.xml``.
+
+    Op cells are kept as recorded: a cell the run had not yet compared with its
+    control when it was cut short keeps its own verdict.
+    """
     cells_dir = out / "cells"
     records = [_read(path) for path in sorted(cells_dir.glob("*.json"))]
     if not records:
@@ -74,6 +78,7 @@ def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted")
         argv=[*(argv or []), f"# collected from cells/ ({note})"],
         planned=len(planned) if planned is not None else None,
         missing=sorted(c for c in planned or () if c not in done),
+        controls=[_read(path) for path in sorted((out / "controls").glob("*.json"))],
     )
     write_run(run, out)
     return run

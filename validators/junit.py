@@ -4,7 +4,7 @@ Mapping (what GitHub's JUnit reporters render): one ``<testsuite>`` per op,
 one ``<testcase>`` per cell with ``classname`` = op and ``name`` = cell id (the
 id every other opgate output uses).  ``fail``/``fallback``/``flaky`` are
 failures (the verdict is the failure ``type``), ``error`` is an error,
-``skip``/``unsupported`` are skipped with their reason; the environment
+``skip``/``unsupported``/``environment`` are skipped with their reason; the environment
 fingerprint rides along as suite properties so merged shards stay apart.
 
 The file validates against Jenkins' ``junit-10.xsd`` (xunit plugin), the
@@ -26,7 +26,8 @@ from opgate.matrix.errors import OutputError
 from opgate.validators.result import CellResult, RunResults, Verdict
 
 FAILURE_VERDICTS = frozenset({Verdict.FAIL, Verdict.FALLBACK, Verdict.FLAKY})
-SKIPPED_VERDICTS = frozenset({Verdict.SKIP, Verdict.UNSUPPORTED})
+#: ``environment``: the mode is broken here for the reference too (the op is not blamed: not a failure).
+SKIPPED_VERDICTS = frozenset({Verdict.SKIP, Verdict.UNSUPPORTED, Verdict.ENVIRONMENT})
 
 
 def _message(cell: CellResult) -> str:

@@ -145,6 +145,21 @@ def match(names: Iterable[str], patterns: Sequence[str]) -> dict[str, list[str]]
     return {p: [n for n in names if matches(n, p)] for p in patterns}
 
 
+def _own_function(fn: Any) -> Any:
+    """The user's function behind a ``torch.library.triton_op`` op.
+
+    ``triton_op`` registers one closure (``backend_fn``) per op, all sharing a
+    code object, around the user's body (its free variable ``fn``): the body's
+    code is what identifies the op.
+    """
+    code = getattr(fn, "__code__", None)
+    if code is not None and code.co_name == "backend_fn" and "fn" in code.co_freevars and fn.__closure__:
+        inner = fn.__closure__[code.co_freevars.index("fn")].cell_contents
+        if hasattr(inner, "__code__"):
+            return inner
+    return fn
+
+
 def executed_custom_ops(fn: Callable[[], Any], qualnames: Sequence[str]) -> list[str]:
     """Which of ``qualnames`` (``torch.library.custom_op`` ops) had their own Python body run in ``fn``.
 
@@ -168,7 +183,7 @@ def executed_custom_ops(fn: Callable[[], Any], qualnames: Sequence[str]) -> list
         if opdef is None:
             continue
         # Only the op's own function: register_kernel wrappers share one code object across ops.
-        code = getattr(opdef._init_fn, "__code__", None)
+        code = getattr(_own_function(opdef._init_fn), "__code__", None)
         if code is not None:
             codes[code] = name
     ran: dict[str, None] = {}

@@ -28,6 +28,7 @@ ORDER = (
     Verdict.FAIL,
     Verdict.FLAKY,
     Verdict.FALLBACK,
+    Verdict.ENVIRONMENT,
     Verdict.PASS,
     Verdict.UNSUPPORTED,
     Verdict.SKIP,
@@ -176,6 +177,15 @@ def format_summary(
             lines.append(f"           repro: {c.repro}")
     if len(bad) > max_bad:
         lines.append(f"  ... and {len(bad) - max_bad} more bad cells (see results.json)")
+    broken = collections.Counter(
+        (c.cell.mode, getattr(c.check("control"), "summary", c.reason))
+        for c in run.cells
+        if c.verdict is Verdict.ENVIRONMENT
+    )
+    lines += [f"  environment x{n}: {mode}: {why}" for (mode, why), n in broken.most_common(5)]
+    if run.controls:
+        control_counts = collections.Counter(c.verdict for c in run.controls)
+        lines.append(f"  {len(run.controls)} environment controls: {counts_line(control_counts)}")
     skips = collections.Counter(c.reason for c in run.cells if c.verdict is Verdict.SKIP)
     lines += [f"  skip x{n}: {reason}" for reason, n in skips.most_common(5)]
     lines.append(f"  results: {out / 'results.json'}  junit: {out / 'junit.xml'}  logs: {out / 'logs'}")

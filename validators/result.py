@@ -12,7 +12,14 @@ Verdicts (cell level), strongest first when combining checks:
 * ``fallback``    numbers right, but the op's own kernel did not run / extra copies ran
 * ``pass``        every applicable check passed
 * ``unsupported`` the spec declares the cell unsupported and the op refused it clearly
+* ``environment`` the mode is broken in this environment: the op's own reference, run
+                  through the same mode by the same machinery (the cell's *control*,
+                  :mod:`validators.controls`), fails the same way, so the op is not blamed
 * ``skip``        cannot run here (no such device, no such nvcc, ...)
+
+``environment`` is never a check's own finding: the runner gives it to a failed
+cell after comparing it with its control, keeping the cell's checks and saying
+what the op's own result was.
 """
 
 from __future__ import annotations
@@ -39,10 +46,11 @@ class Verdict(str, enum.Enum):
     SKIP = "skip"
     UNSUPPORTED = "unsupported"
     FLAKY = "flaky"
+    ENVIRONMENT = "environment"
 
     @property
     def is_bad(self) -> bool:
-        """Verdicts that turn a gate red."""
+        """Verdicts that turn a gate red (not ``environment``: the op is not at fault there)."""
         return self in (Verdict.FAIL, Verdict.FALLBACK, Verdict.ERROR, Verdict.FLAKY)
 
     @property
@@ -51,7 +59,14 @@ class Verdict(str, enum.Enum):
 
 
 #: Combining order: the first verdict present among checks wins.
-_SEVERITY = (Verdict.ERROR, Verdict.FAIL, Verdict.FALLBACK, Verdict.UNSUPPORTED, Verdict.PASS)
+_SEVERITY = (
+    Verdict.ERROR,
+    Verdict.FAIL,
+    Verdict.FALLBACK,
+    Verdict.ENVIRONMENT,
+    Verdict.UNSUPPORTED,
+    Verdict.PASS,
+)
 
 
 @dataclass
@@ -164,6 +179,10 @@ class RunResults:
     the ids of those it did not (an interrupted run collected from its
     ``cells/``): a report built from it must say it is incomplete.  Files
     written before these fields existed read as complete.
+
+    ``controls`` are the environment controls that ran (:mod:`validators.controls`):
+    records of the same type, kept apart from ``cells`` because they judge the
+    environment, not an op (they are never counted, gated or diffed as op cells).
     """
 
     cells: list[CellResult]
@@ -174,6 +193,7 @@ class RunResults:
     shard: str = ""
     planned: int | None = None
     missing: list[str] = field(default_factory=list)
+    controls: list[CellResult] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -186,12 +206,14 @@ class RunResults:
             "missing": self.missing,
             "env": self.env,
             "cells": [c.to_json() for c in self.cells],
+            "controls": [c.to_json() for c in self.controls],
         }
 
     def to_compact_json(self) -> dict[str, Any]:
         """The committed form: :func:`compact_record` of every cell (see there for what is kept)."""
         doc = self.to_json()
         doc["cells"] = [compact_record(c, self.env) for c in doc["cells"]]
+        doc["controls"] = [compact_record(c, self.env) for c in doc["controls"]]
         return doc
 
     def write(self, path: Path, *, compact: bool = False) -> dict[str, Any]:
@@ -215,22 +237,26 @@ class RunResults:
             )
         env = expect_type(data.get("env") or {}, dict, str(path), "'env'", ResultsFormatError)
         where = str(path)
-        cells = expect_type(data.get("cells", []), list, where, "'cells'", ResultsFormatError)
         missing = expect_type(data.get("missing") or [], list, where, "'missing'", ResultsFormatError)
         planned = data.get("planned")
         if planned is not None:
             expect_type(planned, int, where, "'planned'", ResultsFormatError)
-        records = []
-        for i, record in enumerate(cells):
-            expect_type(record, dict, where, f"cells[{i}]", ResultsFormatError)
-            try:
-                # a compact record leaves out an env equal to the run's (compact_record)
-                records.append(CellResult.from_json({"env": env, **record}))
-            except ResultsFormatError as exc:
-                raise ResultsFormatError(f"{path}: cells[{i}]: {exc}") from None
+
+        def records(key: str) -> list[CellResult]:
+            found = expect_type(data.get(key, []), list, where, f"'{key}'", ResultsFormatError)
+            out = []
+            for i, record in enumerate(found):
+                expect_type(record, dict, where, f"{key}[{i}]", ResultsFormatError)
+                try:
+                    # a compact record leaves out an env equal to the run's (compact_record)
+                    out.append(CellResult.from_json({"env": env, **record}))
+                except ResultsFormatError as exc:
+                    raise ResultsFormatError(f"{path}: {key}[{i}]: {exc}") from None
+            return out
+
         try:
             return cls(
-                cells=records,
+                cells=records("cells"),
                 env=dict(env),
                 started_at=str(data.get("started_at", "")),
                 finished_at=str(data.get("finished_at", "")),
@@ -238,6 +264,7 @@ class RunResults:
                 shard=str(data.get("shard", "")),
                 planned=planned,
                 missing=[str(m) for m in missing],
+                controls=records("controls"),
             )
         except (TypeError, ValueError) as exc:
             raise ResultsFormatError(f"{path}: malformed run metadata: {exc}") from None

@@ -10,9 +10,11 @@ what it finished.
 
 Output folder::
 
-    results.json        RunResults: every cell of this torch version (ran, cached or skipped)
+    results.json        RunResults: every cell of this torch version (ran, cached or skipped),
+                        and the environment controls that ran (validators.controls)
     junit.xml           one testsuite per op, one testcase per cell
     cells/<id>.json     one CellResult each, written as the cell finishes
+    controls/<id>.json  one per environment control that ran
     logs/<id>.log       the worker's stdout/stderr while it ran the cell (crash and hang dumps too)
     logs/workers/*.log  each worker's own stderr (start-up problems)
     run.json            timings, cached cells, and which worker served which cells
@@ -38,7 +40,7 @@ from typing import Any
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import CellsFailed, OpgateError
 from opgate.matrix.files import write_output
-from opgate.validators import device, env
+from opgate.validators import controls, device, env
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
 from opgate.validators.breakdown import breakdown
 from opgate.validators.cache import VerdictCache, environment_identity
@@ -128,7 +130,7 @@ def _clear_outputs(out: Path) -> None:
     ``results.json`` goes too: a run killed before it writes its own must not
     leave the previous run's, which would publish as this one.
     """
-    for pattern in ("cells/*.json", "logs/*.log", "logs/workers/*.log"):
+    for pattern in ("cells/*.json", "controls/*.json", "logs/*.log", "logs/workers/*.log"):
         for stale in out.glob(pattern):
             stale.unlink()
     for name in ("results.json", "junit.xml", "run.json", PLANNED_FILE):
@@ -157,6 +159,10 @@ class Runner:
         self._lock = OutputLock(self.out, "opgate run")
         self.cached: list[str] = []
         self.results: dict[str, CellResult] = {}
+        self.controls: dict[str, CellResult] = {}
+        #: control id -> the op cell whose failure scheduled it (a control is re-run through that cell)
+        self._scheduled_controls: dict[str, Cell] = {}
+        self._gpus: list[Gpu] = []
         self.timings: dict[str, float] = {}
 
     def env(self) -> dict[str, Any]:
@@ -200,10 +206,12 @@ class Runner:
 
     def _execute(self) -> tuple[RunResults, int]:
         t0, started = time.monotonic(), _now()
-        gpus = self._prepare()
+        gpus = self._gpus = self._prepare()
         placements = self._plan.placements
         runnable = [c for c in self._plan.cells if placements[c.id].kind and not self._serve_cached(c)]
         tasks = [self._task(c, placements[c.id]) for c in longest_first(runnable)]
+        for cached in [self.results[i] for i in self.cached]:  # a cached failure needs its control too
+            tasks[:0] = self._control_tasks(cached)
         self.timings["plan_s"] = time.monotonic() - t0
         self._run(tasks, gpus)
         for cell in self._plan.cells:
@@ -212,6 +220,7 @@ class Runner:
                 self._store(
                     CellResult(cell, Verdict.SKIP, self.env(), reason=reason, repro=self._repro(cell, None))
                 )
+        self._link_controls()
         run = RunResults(
             cells=[self.results[c.id] for c in self._plan.cells if c.id in self.results],
             env=self.env(),
@@ -220,6 +229,7 @@ class Runner:
             argv=list(self.options.argv),
             planned=len(self._plan.cells),
             missing=[c.id for c in self._plan.cells if c.id not in self.results],
+            controls=[self.controls[k] for k in sorted(self.controls)],
         )
         doc = write_run(run, self.out)
         self.timings["wall_s"] = time.monotonic() - t0
@@ -282,7 +292,7 @@ class Runner:
         self._pool = pool = Pool(
             config, jobs, gpus, keep_spare=opts.retries > 0, gpu_workers=opts.gpu_workers
         )
-        progress = Progress(len(tasks), enabled=opts.progress)
+        progress = Progress(sum(not controls.is_control(t.cell) for t in tasks), enabled=opts.progress)
         attempts: dict[str, list[AttemptView]] = {}
 
         def on_done(task: Task, attempt: Attempt) -> list[Task]:
@@ -291,9 +301,11 @@ class Runner:
             views.append(view)
             if wants_retry(view, task.attempt, opts.retries):
                 return [replace(task, attempt=task.attempt + 1, fresh=True)]
-            self._record(task.cell, views, task.seed)
-            progress.update(self.results[task.cell.id])
-            return []
+            result = self._record(task.cell, views, task.seed)
+            if controls.is_control(task.cell):
+                return []
+            progress.update(result)
+            return self._control_tasks(result)
 
         t = time.monotonic()
         try:
@@ -302,6 +314,30 @@ class Runner:
             progress.close()
             self.timings["pool_s"] = time.monotonic() - t
             self.timings["shutdown_s"] = pool.shutdown_s
+
+    def _control_tasks(self, result: CellResult) -> list[Task]:
+        """The control a failed cell needs, once per group (none when cached, scheduled or not needed)."""
+        control = controls.control_of(result.cell)
+        if control is None or result.verdict not in controls.EXCUSABLE:
+            return []
+        if control.id in self._scheduled_controls:
+            return []
+        self._scheduled_controls[control.id] = result.cell
+        if self._serve_cached(control):
+            return []
+        placement = device.place(control, self._gpus)
+        if placement.kind is None:
+            return []
+        return [self._task(control, placement)]
+
+    def _link_controls(self) -> None:
+        """Every op cell of a group whose control ran gets it beside it (and ``environment`` if alike)."""
+        for result in list(self.results.values()):
+            control = controls.control_of(result.cell)
+            if control is not None and control.id in self.controls:
+                linked = controls.link(result, self.controls[control.id])
+                if linked != result:
+                    self._store(linked)
 
     def _task(self, cell: Cell, placement: Placement) -> Task:
         seed = self.options.seed if self.options.seed is not None else self._rng.randrange(2**31)
@@ -324,7 +360,7 @@ class Runner:
     def _repro(self, cell: Cell, seed: int | None) -> str:
         return repro_command(cell.id, seed, self.options)
 
-    def _record(self, cell: Cell, views: Sequence[AttemptView], seed: int) -> None:
+    def _record(self, cell: Cell, views: Sequence[AttemptView], seed: int) -> CellResult:
         verdict, checks, kernels, reason = merge_attempts(views)
         result = CellResult(
             cell=cell,
@@ -335,14 +371,19 @@ class Runner:
             duration_s=sum(v.duration_s for v in views),
             reason=reason,
             seed=seed,
-            repro=self._repro(cell, seed),
+            repro=self._repro(self._scheduled_controls.get(cell.id, cell), seed),
             attempts=len(views),
         )
         self._store(result)
-        if self._cache is not None:
+        if self._cache is not None:  # the cell's own verdict: controls are linked afresh every run
             self._cache.put(result, self._specs[cell.op], self._log(cell))
+        return result
 
     def _store(self, result: CellResult) -> None:
+        if controls.is_control(result.cell):
+            self.controls[result.id] = result
+            _write_json(self.out / "controls" / f"{result.id}.json", result.to_json())
+            return
         self.results[result.id] = result
         _write_json(self.out / "cells" / f"{result.id}.json", result.to_json())
 

@@ -15,7 +15,7 @@ eager       correctness, gradients, gradcheck, opcheck (4 sub-tests), evidence, 
 compile     compile (fullgraph, breaks, recompiles), correctness, evidence, perf
 cudagraphs  cudagraphs (skip counts), correctness
 export      export (op node kept in the graph), correctness
-aoti        aoti (package + load + run), correctness
+aoti        aoti (package + load + run), correctness, evidence (the loaded package's run)
 build       delegated to ``validators.checks.build.run_cell`` when installed
 =========== ==================================================================
 

@@ -7,7 +7,11 @@ custom op segfaulted on the H200 machine: that kills this worker, and the
 runner, which runs every cell in an isolated process, records the signal as
 the cell's ``error``.  The exported graph must still call the op (as in the
 export check): a package whose graph was traced through the op ships without
-its kernel.
+its kernel.  The evidence check then profiles a warm call of the loaded
+package, so the kernel names judged are those the deployed artifact runs
+(a package may run the op's kernel embedded, or call back into the
+registered op through AOTInductor's proxy executor: either way the op's own
+kernel must show, and no decomposition of it).
 """
 
 from __future__ import annotations

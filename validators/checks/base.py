@@ -50,11 +50,43 @@ def always(ctx: CellContext) -> str | None:
     return None
 
 
-def describe_exception(exc: BaseException, limit: int = 400) -> str:
-    """``Type: first line of the message`` (the full traceback goes to the cell log)."""
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    first = lines[0] if lines else ""
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception of the chain: ``raise ... from`` causes, else the implicit context.
+
+    The context counts even where a wrapper suppressed it for display: Dynamo
+    raises ``TorchRuntimeError(...) from None`` around the very error whose
+    message names the fix.
+    """
+    seen = {id(exc)}
+    while True:
+        nxt = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+        if nxt is None or id(nxt) in seen:
+            return exc
+        exc = nxt
+        seen.add(id(exc))
+
+
+def describe_exception(exc: BaseException, limit: int = 600) -> str:
+    """``Type: first line of the message``, plus the root cause's first line when it says more.
+
+    Dynamo and Inductor wrap the error that matters: "RuntimeError when making
+    fake tensor call" carries, as its cause, PyTorch's actionable message
+    ("Cannot access data pointer of Tensor (e.g. FakeTensor ...) ... wrap the
+    custom kernel into an opaque custom op").  The wrapper's first line alone
+    names no fix, so the cause is kept beside it.  The full traceback goes to
+    the cell log.
+    """
+    first = _first_line(exc)
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    root = root_cause(exc)
+    cause = _first_line(root)
+    if root is not exc and cause and cause not in text:
+        text += f" (caused by {type(root).__name__}: {cause})"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from opgate.validators.interpreted_triton_op import support_triton_ops
 from opgate.validators.interpreter import round_bf16_to_nearest
 from opgate.validators.result import CheckResult, Verdict
 
@@ -36,7 +37,7 @@ MODE_CHECKS: dict[str, tuple[str, ...]] = {
     "compile": ("compile", "correctness", "evidence", "perf"),
     "cudagraphs": ("cudagraphs", "correctness"),
     "export": ("export", "correctness"),
-    "aoti": ("aoti", "correctness"),
+    "aoti": ("aoti", "correctness", "evidence"),
 }
 
 #: Checks owned elsewhere that a checkout may not have yet (absent -> not run).
@@ -185,6 +186,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the op module decorates its kernels
         round_bf16_to_nearest()  # the interpreter truncates to bf16; the GPU rounds
+        support_triton_ops()  # torch.library.triton_op ops under the interpreter (see there)
     if spec.root is not None and str(spec.root) not in sys.path:
         sys.path.insert(0, str(spec.root))
     impl = spec.implementations.get(cell.impl)
@@ -197,6 +199,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     from opgate.validators.checks.artifacts import make_artifact
     from opgate.validators.checks.base import run_check
     from opgate.validators.checks.context import build_context
+    from opgate.validators.controls import control_checks, is_control
     from opgate.validators.layouts import LayoutError
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -215,6 +218,9 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
 
             results = [run_check(c, ctx) for c in limits.CHECKS]
         else:
-            results = [run_check(c, ctx) for c in checks_for(cell.mode)]
+            checks = checks_for(cell.mode)
+            if is_control(cell):
+                checks = [c for c in checks if c.name in control_checks(cell.mode)]
+            results = [run_check(c, ctx) for c in checks]
     verdict = combine(results)
     return CellOutcome(results, list(ctx.kernels), _reason(results, verdict), None)

@@ -149,11 +149,15 @@ def _tolerance(cell: Cell, impl: ImplSpec) -> Rule:
 def build_context(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellContext:
     """Import the implementation and resolve the spec's callables for one cell."""
     from opgate.ops.spec import resolve
+    from opgate.validators.controls import CONTROL_IMPL, control_impl
 
-    if cell.impl not in spec.implementations:
+    if cell.impl == CONTROL_IMPL:
+        impl = control_impl(spec)  # an environment control runs the op's reference (validators.controls)
+    elif cell.impl not in spec.implementations:
         known = ", ".join(sorted(spec.implementations))
         raise KeyError(f"{spec.path}: op {spec.op!r} has no implementation {cell.impl!r} (known: {known})")
-    impl = spec.implementations[cell.impl]
+    else:
+        impl = spec.implementations[cell.impl]
     if cell.dtype not in DTYPES:
         raise KeyError(f"cell {cell.id}: unknown dtype {cell.dtype!r}")
     if cell.shapes not in spec.shapes:

@@ -39,7 +39,8 @@ from opgate.validators.result import CheckResult, Verdict
 NAME = "evidence"
 #: Base-pointer alignment Inductor assumes for graph inputs it compiled as aligned.
 ALIGN_BYTES = 16
-MODES = ("eager", "compile")
+#: ``aoti``: a warm call of the *loaded package* is profiled, the run a deployment makes.
+MODES = ("eager", "compile", "aoti")
 #: torch.compile's own bookkeeping events: matched like any name, but left out of the reported
 #: kernel list (they carry graph hashes that differ between environments and say nothing of the op).
 WRAPPER_EVENTS = (
