@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 
 from opgate.ops.base import SampleInput
 from opgate.validators.checks.artifacts import ArtifactError
-from opgate.validators.checks.base import Check
+from opgate.validators.checks.base import Check, describe_exception
 from opgate.validators.checks.context import CellContext, with_grad
 from opgate.validators.checks.gradients import upstream_grads
 from opgate.validators.checks.opcheck import lookup
@@ -165,7 +165,8 @@ def run(ctx: CellContext) -> CheckResult:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         return CheckResult(NAME, Verdict.FAIL, problems[0] + more, details)
     what = "inputs" + (" and grad_outputs" if details["backward_checked"] else "")
-    return CheckResult(NAME, Verdict.PASS, f"no undeclared writes into {what}", details)
+    note = f" ({details['backward_note']})" if "backward_note" in details else ""
+    return CheckResult(NAME, Verdict.PASS, f"no undeclared writes into {what}{note}", details)
 
 
 def _backward(
@@ -181,7 +182,11 @@ def _backward(
     named = [(f"grad_output {i}", g) for i, (_, g) in enumerate(pairs) if i not in decl.grad_outputs]
     inputs = Snapshot(_inputs(sample, decl.inputs))
     grads_before = Snapshot(named)
-    torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+    try:
+        torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+    except RuntimeError as exc:  # e.g. autograd noticed the forward's write; the gradients check reports it
+        details["backward_note"] = f"backward raised {describe_exception(exc)}"
+        return []
     details["backward_checked"] = True
     found = [
         f"backward writes into {w} ({_declared_text(decl.grad_outputs, 'grad_outputs')}): {n}"
