@@ -125,3 +125,15 @@ def test_writes_the_torch_library_schema_declares_are_not_flagged(tmp_path: Path
     assert result.details["declared_inputs"] == [0]
     undeclared = check(declared_in_place, tmp_path)  # same op, spec names no qualname to read
     assert undeclared.status is Verdict.FAIL
+
+
+def test_an_op_refusing_inputs_that_require_grad_still_gets_its_forward_checked(tmp_path: Path) -> None:
+    def inference_only(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        if x.requires_grad:
+            raise RuntimeError("no autograd for this kernel")
+        return writes_x(x, w, eps)
+
+    result = check(inference_only, tmp_path)
+    assert result.status is Verdict.FAIL
+    assert result.summary.startswith("forward writes into input 0")
+    assert "no autograd for this kernel" in result.details["backward_note"]
