@@ -113,6 +113,9 @@ class WorkerProcess:
 
     @property
     def alive(self) -> bool:
+        """Running and usable; a forked worker whose fork server died is not (it dies with its server)."""
+        if isinstance(self.proc, ForkedProcess) and self.proc.orphaned:
+            return False
         return not self.eof and not self.retiring and self.proc.poll() is None
 
     def hello(self, msg: Mapping[str, Any]) -> None:
