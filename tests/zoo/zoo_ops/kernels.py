@@ -45,7 +45,7 @@ def _round_to(y, dtype: tl.constexpr, ROUND: tl.constexpr):  # type: ignore[no-u
 def _zoo_rms_fwd_kernel(  # noqa: PLR0917 - a Triton kernel takes its arguments positionally
     x_ptr, w_ptr, y_ptr, M, N, sxm, sxn, sw, sym, syn, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CT: tl.constexpr, ACC: tl.constexpr,
-    ROUND_ACC: tl.constexpr, ROUND_OUT: tl.constexpr, TWICE: tl.constexpr,
+    ROUND_ACC: tl.constexpr, ROUND_OUT: tl.constexpr, TWICE: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
