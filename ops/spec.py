@@ -41,10 +41,18 @@ from opgate.ops.spec_schema import (
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Op error vs the float64 oracle must be <= ``k`` x the reference's own error, floored."""
+    """In output-dtype ulps: op error <= ``k`` x the reference's + a fixed slack (validators.tolerance)."""
 
     k: float
     atol_floor: float
+
+
+@dataclass(frozen=True)
+class Mutates:
+    """Declared writes: input positions (forward) and grad_output positions (backward)."""
+
+    inputs: tuple[int, ...] = ()
+    grad_outputs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ class ImplSpec:
     mode_evidence: dict[str, dict[str, Evidence]]
     #: an external implementation's binaries (``files``, ``distribution``, ``loaded``, ``triton``)
     binaries: dict[str, Any] = dataclasses.field(default_factory=dict)
+    mutates: Mutates = Mutates()
 
     @property
     def audits_binaries(self) -> bool:
@@ -188,6 +197,10 @@ def _impl(name: str, raw: dict[str, Any], op: dict[str, Any], spec_dir: Path) ->
         copies_allowed=int(raw.get("copies_allowed", op.get("copies_allowed", 0))),
         mode_evidence=modes,
         binaries=_binaries(raw),
+        mutates=Mutates(
+            inputs=tuple(raw.get("mutates", {}).get("inputs", ())),
+            grad_outputs=tuple(raw.get("mutates", {}).get("grad_outputs", ())),
+        ),
     )
 
 

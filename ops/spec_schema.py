@@ -70,6 +70,13 @@ IMPL_SCHEMA = Record(
         ),
         "tolerance": Record("tolerance", TOLERANCE_FIELDS),
         "copies_allowed": Int(minimum=0),
+        "mutates": Record(
+            "mutates",
+            {
+                "inputs": ListOf(Int(minimum=0), unique=True),
+                "grad_outputs": ListOf(Int(minimum=0), unique=True),
+            },
+        ),
     },
 )
 SHAPE = ListOf(Int(minimum=0), min_len=1)

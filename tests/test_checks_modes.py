@@ -45,7 +45,7 @@ def test_export_keeps_the_op_node(tmp_path: Path) -> None:
     assert verdict is Verdict.PASS, outcome.reason
     export = next(c for c in outcome.checks if c.name == "export")
     assert all("zoo::good_rms_norm" in g["ops"] for g in export.details["graphs"])
-    assert [c.name for c in outcome.checks] == ["export", "correctness"]
+    assert [c.name for c in outcome.checks] == ["export", "correctness", "mutation"]
 
 
 @pytest.mark.slow

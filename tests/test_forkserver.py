@@ -51,6 +51,29 @@ def test_forked_workers_start_fast_in_their_own_groups_and_report_signals(tmp_pa
         launcher.stop()
 
 
+def test_workers_of_a_dead_fork_server_are_not_reused_and_a_new_worker_still_starts(tmp_path: Path) -> None:
+    """SIGKILL the server: its idle workers die with it (no status can come) and must not get cells."""
+    launcher = Launcher(WorkerConfig(logs=tmp_path, fork_server=True))
+    launcher.prestart(["cpu"])
+    try:
+        idle = launcher.spawn("cpu-c-1", "cpu", None)
+        _hello(idle)
+        assert idle.alive
+        os.kill(launcher.servers["cpu"].proc.pid, signal.SIGKILL)
+        launcher.servers["cpu"].proc.wait(10)
+        assert not idle.alive  # before its EOF is read: the pool must not hand it the re-run
+        assert idle.wait(timeout=1) is None  # no exit status: nobody is left to report it
+        assert exit_description(None).startswith("worker vanished")
+        fresh = launcher.spawn("cpu-c-2", "cpu", None)  # the re-run's worker: a fresh interpreter
+        assert not fresh.forked
+        assert "fork server unusable" in fresh.log.read_text()
+        assert _hello(fresh)["type"] == "hello"
+        fresh.close()
+        assert fresh.wait(timeout=30) == 0
+    finally:
+        launcher.stop()
+
+
 def test_a_fork_server_that_cannot_start_leaves_fresh_interpreters(tmp_path: Path) -> None:
     """The torch-free stand-in worker knows no --fork-server: the launcher falls back, the run goes on."""
     cfg = WorkerConfig(logs=tmp_path, module="tests.fixtures_runner.fake_worker", fork_server=True)

@@ -44,7 +44,8 @@ def planted_run() -> tuple[RunResults, tuple[float, float, float]]:
     ref = oracle.to(torch.bfloat16)
     op = ref.clone()
     op[WRONG_AT] += 0.5
-    comparison = compare_tensor(op, ref, oracle, Rule(2.0, 1e-5), label="shape [67, 1000]")
+    rule = Rule(2.0, 1e-5)
+    comparison = compare_tensor(op, ref, oracle, rule, label="shape [67, 1000]")
     assert not comparison.passed
     assert comparison.worst_index == WRONG_AT
     assert comparison.worst_values
@@ -52,7 +53,7 @@ def planted_run() -> tuple[RunResults, tuple[float, float, float]]:
         "correctness",
         Verdict.FAIL,
         comparison.summary(),
-        {"rule": {"k": 2.0, "atol_floor": 1e-5}, "comparisons": [comparison.details()]},
+        {"rule": rule.to_json(), "comparisons": [comparison.details()]},
     )
     result = CellResult(
         PLANTED, Verdict.FAIL, dict(CPU_ENV), [check], ["opgate::rms_norm"], 0.4, check.summary, 7,
@@ -127,8 +128,10 @@ def test_a_failing_comparison_shows_the_worst_element(browser: Page, site: dict[
     assert index == f"[{WRONG_AT[0]}, {WRONG_AT[1]}]"
     for shown, value in zip((op, ref, oracle), site["values"], strict=True):
         assert float(shown) == pytest.approx(value, rel=1e-3)
-    assert float(err) > float(allowed) > float(ref_err) > 0
-    assert "allowed = 2 × max(reference error, 0.00001)" in text
+    ulps = [float(cell.split(" ulp")[0]) for cell in (err, allowed, ref_err)]
+    assert ulps[0] > ulps[1] > ulps[2] > 0  # errors in ulps of bf16, the absolute error next to them
+    assert float(err.split("(")[1].rstrip(")")) == pytest.approx(0.5, rel=0.05)
+    assert "allowed = 2 × reference error + 2 ulp, in ulps of the output dtype" in text
     assert "opgate run --select 'rms_norm.triton-pt2.13-cpu-bf16-contiguous-eager' --seed 7" in text
     assert '"op_err"' not in text, "evidence is laid out, never dumped as JSON"
     assert '{"' not in text

@@ -49,20 +49,20 @@ def test_gpu_cells_skip_here_and_other_torch_cells_are_left_out(tmp_path: Path) 
     )
     assert proc.returncode == 0, proc.stderr  # skips are not failures
     results = RunResults.read(tmp_path / "results.json")
-    # 3 ops x 3 dtypes + fx_segv.needs_dist x 3, all of the installed torch only
-    assert len(results.cells) == 12
+    # 3 ops x 3 dtypes + fx_killed (bf16 only) + fx_segv.needs_dist x 3, of the installed torch only
+    assert len(results.cells) == 13
     assert {c.verdict for c in results.cells} == {Verdict.SKIP}
     native = [c for c in results.cells if c.cell.impl == "native"]
     assert {c.reason for c in native} == {"no sm_90 device here"}
     assert all(c.cell.torch != "2.99.0" for c in results.cells)
     record = json.loads((tmp_path / "run.json").read_text())
-    assert record["other_torch_cells"] == 12  # the 2.99 column: another session's job
+    assert record["other_torch_cells"] == 13  # the 2.99 column: another session's job
     assert record["workers"] == []  # nothing to run: no worker was started
-    assert "12 cells of another torch version left out" in proc.stdout
+    assert "13 cells of another torch version left out" in proc.stdout
     assert results.env["env_key"].startswith("pt")
     assert results.env["gpus"] == []
     xml = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
-    assert (xml.tests, xml.skipped, xml.failures, xml.errors) == (12, 12, 0, 0)
+    assert (xml.tests, xml.skipped, xml.failures, xml.errors) == (13, 13, 0, 0)
 
 
 def test_bad_config_is_one_line_with_its_exit_code(tmp_path: Path) -> None:

@@ -2,17 +2,20 @@
 
 Each planted op is a real op spec (``--ops-path``) whose kernel is correct
 except on float16, where it segfaults, hangs, or (fx_flaky) returns wrong
-numbers once per run.  Cells are sorted by id (bf16, fp16, fp32), so the
-faulty cell runs between two good ones in the same reused worker: the good
-ones must keep their ``pass``, the bad one must name its signal or timeout.
+numbers once per run; fx_killed's first worker is killed from outside.
+Cells are sorted by id (bf16, fp16, fp32), so the faulty cell runs between
+two good ones in the same reused worker: the good ones must keep their
+``pass``, the bad one must name its signal or timeout.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +189,55 @@ def test_fail_then_pass_is_flaky(tmp_path: Path) -> None:
     retry = [w for w in workers if w["cells"] == [first.id]]
     assert len(retry) == 1
     assert str(retry[0]["pid"]) != first_pid
+
+
+def _killed_run(out: Path, who: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "OPGATE_CACHE": str(out / "cache"), "OPGATE_FX_KILL": who}
+    env["OPGATE_FX_KILL_MARKER"] = str(out / "kill.marker")
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "opgate.validators", "run", "--config", str(CONFIG)]
+    argv += ["--ops-path", str(FIXTURES), "--select", "fx_killed.native-*-cpu-*", "--out", str(out)]
+    argv += ["--no-progress", "--no-cache", "--jobs", "1"]
+    pipe = subprocess.PIPE
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=pipe, stderr=pipe, text=True)
+
+
+def _marker_pid(marker: Path, proc: subprocess.Popen[str], timeout_s: float = 240.0) -> int:
+    """The pid the op wrote into the marker once it runs (the run is still going)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        text = marker.read_text() if marker.exists() else ""
+        if text.strip():
+            return int(text)
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"the op never started: {proc.communicate()[1][-2000:]}")
+
+
+def _assert_error_not_flaky(out: Path, proc: subprocess.Popen[str], reason: str) -> None:
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == CellsFailed.exit_code, stderr[-2000:]
+    (cell,) = RunResults.read(out / "results.json").cells
+    assert cell.verdict is Verdict.ERROR, cell.reason
+    assert cell.reason.startswith(reason), cell.reason
+    assert cell.reason.endswith("(re-run in a fresh worker: pass)")
+    assert cell.attempts == 2
+    attempt1 = cell.check("attempt_1")
+    assert attempt1 is not None
+    assert attempt1.status is Verdict.ERROR
+    assert any(c.name == "correctness" and c.status is Verdict.PASS for c in cell.checks)
+
+
+def test_a_worker_killed_from_outside_is_an_error_naming_the_signal(tmp_path: Path) -> None:
+    """A real SIGKILL sent to a real worker while its op runs (what the OOM killer does)."""
+    proc = _killed_run(tmp_path, "worker")
+    os.kill(_marker_pid(tmp_path / "kill.marker", proc), signal.SIGKILL)
+    _assert_error_not_flaky(tmp_path, proc, "worker killed by SIGKILL from outside the cell")
+    log = (tmp_path / "logs" / f"{cell_id('fx_killed', 'bf16')}.log").read_text()
+    assert "=== worker killed by SIGKILL from outside the cell" in log
+
+
+def test_a_worker_lost_with_its_fork_server_is_an_error(tmp_path: Path) -> None:
+    """The op kills the fork server it was forked from; the kernel takes the worker down with it."""
+    proc = _killed_run(tmp_path, "forkserver")
+    _assert_error_not_flaky(tmp_path, proc, "worker vanished (no exit status: its fork server is gone)")

@@ -18,7 +18,7 @@ from opgate.validators.progress import Progress
 from opgate.validators.result import CellResult, CheckResult, Verdict
 from opgate.validators.runner import RunOptions, repro_command
 from opgate.validators.worker import jsonable
-from opgate.validators.workerproc import WorkerConfig, exit_description
+from opgate.validators.workerproc import WorkerConfig, exit_description, killed_from_outside
 
 H200 = Gpu(0, "NVIDIA H200", "9.0")
 A100 = Gpu(1, "NVIDIA A100-SXM4-80GB", "8.0")
@@ -172,6 +172,34 @@ def test_exit_descriptions_name_the_signal() -> None:
     assert exit_description(-11) == "worker killed by SIGSEGV"
     assert exit_description(-6) == "worker killed by SIGABRT"
     assert exit_description(3) == "worker exited with code 3"
+    assert exit_description(-9) == "worker killed by SIGKILL from outside the cell"
+    assert exit_description(None).startswith("worker vanished")
+
+
+def test_only_signals_from_outside_count_as_external() -> None:
+    assert killed_from_outside(-9)  # SIGKILL: the OOM killer, an operator, the parent's death
+    assert killed_from_outside(-15)
+    assert killed_from_outside(None)  # no exit status: the fork server that could report it died
+    assert not killed_from_outside(-11)  # SIGSEGV, SIGABRT, SIGBUS: the op's own crash
+    assert not killed_from_outside(-6)
+    assert not killed_from_outside(-7)
+    assert not killed_from_outside(1)
+
+
+def test_killed_from_outside_then_pass_is_an_error_not_flaky() -> None:
+    killed = AttemptView(
+        Verdict.ERROR, [], [], "worker killed by SIGKILL from outside the cell", 1.0, external=True
+    )
+    verdict, checks, _, reason = merge_attempts([killed, view(Verdict.PASS, "ok")])
+    assert verdict is Verdict.ERROR
+    assert reason == "worker killed by SIGKILL from outside the cell (re-run in a fresh worker: pass)"
+    assert [(c.name, c.status) for c in checks] == [
+        ("correctness", Verdict.PASS),
+        ("attempt_1", Verdict.ERROR),
+    ]
+    segv = AttemptView(Verdict.ERROR, [], [], "worker killed by SIGSEGV", 1.0)
+    assert merge_attempts([segv, view(Verdict.PASS, "ok")])[0] is Verdict.FLAKY  # the op's own crash
+    assert merge_attempts([killed, view(Verdict.FAIL, "bad")])[0] is Verdict.ERROR
 
 
 def test_details_become_strict_json() -> None:

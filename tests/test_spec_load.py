@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from opgate.matrix.errors import ConfigError, ConfigErrors, UsageError
-from opgate.ops.spec import OPS_DIR, Evidence, Tolerance, discover, load_spec, load_specs, resolve
+from opgate.ops.spec import OPS_DIR, Evidence, Mutates, Tolerance, discover, load_spec, load_specs, resolve
 
 DATA = Path(__file__).parent / "data" / "config"
 OPS = DATA / "ops"
@@ -281,3 +281,20 @@ def test_an_old_spec_with_module_stops_the_run_with_exit_3(tmp_path: Path) -> No
     assert f"{spec}:{line}" in proc.stderr
     assert "renamed to 'category'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_declared_mutation(tmp_path: Path) -> None:
+    text = (OPS / "flat.yaml").read_text()
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(text + "    mutates: {inputs: [0], grad_outputs: [0, 1]}\n")
+    ext = load_spec(spec_file, OPS).implementations["ext"]
+    assert ext.mutates == Mutates(inputs=(0,), grad_outputs=(0, 1))
+    assert load_spec(OPS / "flat.yaml", OPS).implementations["ext"].mutates == Mutates()
+    errs = spec_errors(
+        tmp_path,
+        '      cpu: {expect: ["aten::relu"]}\n',
+        '      cpu: {expect: ["aten::relu"]}\n    mutates: {input: [x]}\n',
+        source=OPS / "flat.yaml",
+    )
+    assert any("unknown key 'input'" in e.problem for e in errs)
+    assert any(e.hint and "did you mean 'inputs'?" in e.hint for e in errs)

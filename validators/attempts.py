@@ -6,6 +6,11 @@ happened to be zero).  Running it again in a fresh worker with the same seed
 separates the two: fail-then-pass is ``flaky`` (a defect in its own right,
 reported with both attempts), fail-twice stays ``fail``.  Timeouts are not
 re-run: a hang would cost its whole timeout again and prove nothing new.
+
+``flaky`` is kept for nondeterminism of the cell itself.  A worker killed from
+outside (SIGKILL from the OOM killer or an operator, a fork server that died
+under it) says nothing about the op: that cell is ``error`` naming the
+signal, and the re-run's verdict is recorded next to it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class AttemptView:
     duration_s: float
     timed_out: bool = False
     retryable: bool = True
+    external: bool = False
 
     @classmethod
     def of(cls, attempt: Attempt) -> AttemptView:
@@ -48,7 +54,16 @@ class AttemptView:
         if not raw and not checks:
             reason = reason or "no check ran"
         kernels = [str(k) for k in out.get("kernels") or []]
-        return cls(verdict, checks, kernels, reason, attempt.duration_s, attempt.timed_out, retryable)
+        return cls(
+            verdict,
+            checks,
+            kernels,
+            reason,
+            attempt.duration_s,
+            timed_out=attempt.timed_out,
+            retryable=retryable,
+            external=attempt.external,
+        )
 
     def summary(self) -> str:
         """One line: the reason, else the failing checks' summaries."""
@@ -68,8 +83,10 @@ def merge_attempts(views: Sequence[AttemptView]) -> tuple[Verdict, list[CheckRes
 
     A later attempt that is not bad makes the cell ``flaky``: the passing
     attempt's checks are kept and each failed attempt is recorded as a check
-    ``attempt_N`` (its verdict and summary; its checks in ``details``).
-    Failing again keeps the first attempt's verdict and records the re-runs.
+    ``attempt_N`` (its verdict and summary; its checks in ``details``) -- unless
+    every failed attempt was a worker killed from outside: then ``error``,
+    with the kill as the reason.  Failing again keeps the first attempt's
+    verdict and records the re-runs.
     """
     first, last = views[0], views[-1]
     if len(views) == 1:
@@ -81,6 +98,9 @@ def merge_attempts(views: Sequence[AttemptView]) -> tuple[Verdict, list[CheckRes
 
     if not last.verdict.is_bad and last.verdict is not Verdict.SKIP:
         failed = [as_check(n, v) for n, v in enumerate(views[:-1], 1)]
+        if all(v.external for v in views[:-1]):
+            reason = f"{first.summary()} (re-run in a fresh worker: {last.verdict.value})"
+            return Verdict.ERROR, [*last.checks, *failed], last.kernels, reason
         reason = (
             f"flaky: attempt 1 {first.verdict.value} ({first.summary()}); "
             f"attempt {len(views)} {last.verdict.value}"

@@ -234,6 +234,11 @@ class ForkedProcess:
         self.returncode: int | None = None
         self._server = server
 
+    @property
+    def orphaned(self) -> bool:
+        """The fork server is gone: no exit status will come, and the worker died with it (PDEATHSIG)."""
+        return self.poll() is None and self._server.proc.poll() is not None
+
     def poll(self) -> int | None:
         if self.returncode is None:
             self._server.poll_exits()

@@ -43,6 +43,8 @@ class Attempt:
     worker: str = ""
     timed_out: bool = False
     retryable: bool = True
+    #: the worker was killed from outside the cell (workerproc.killed_from_outside): never flaky
+    external: bool = False
 
 
 @dataclass

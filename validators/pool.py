@@ -12,8 +12,9 @@ milliseconds, not a torch import.  One thread, one ``select`` loop: no locks,
 and every deadline is checked in one place.
 
 A worker that dies charges only the cell it was running: the attempt becomes
-``error`` naming the signal ("worker killed by SIGSEGV") and the lane starts a
-fresh worker.  A cell past its timeout gets a stack dump (SIGUSR1 ->
+``error`` naming the signal ("worker killed by SIGSEGV"; a SIGKILL from outside,
+e.g. the OOM killer, is marked ``external`` so a passing re-run cannot turn it
+into ``flaky``) and the lane starts a fresh worker.  A cell past its timeout gets a stack dump (SIGUSR1 ->
 faulthandler, into the cell's log), then its worker's process group is killed.
 """
 
@@ -29,7 +30,13 @@ from typing import Any
 
 from opgate.validators.device import Gpu
 from opgate.validators.lanes import Attempt, Lane, Task, all_ok, usable
-from opgate.validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
+from opgate.validators.workerproc import (
+    Launcher,
+    WorkerConfig,
+    WorkerProcess,
+    exit_description,
+    killed_from_outside,
+)
 
 __all__ = ["Attempt", "Pool", "Task"]
 
@@ -249,7 +256,9 @@ class Pool:
             return
         reason = exit_description(rc)
         _append(task.log, f"=== {reason}")
-        self._finish(task, Attempt(_error(reason), time.monotonic() - lane.sent_at, worker.name))
+        elapsed = time.monotonic() - lane.sent_at
+        attempt = Attempt(_error(reason), elapsed, worker.name, external=killed_from_outside(rc))
+        self._finish(task, attempt)
 
     def _startup_failed(self, worker: WorkerProcess) -> None:
         self._failures[worker.kind] += 1

@@ -27,16 +27,35 @@ from opgate.validators.env import DEVICE_ORDER
 from opgate.validators.forkserver import ForkedProcess, ForkServer
 from opgate.validators.worker import BUILD_ENV, CPU_ENV
 
+#: Signals a worker gets from outside, never from a fault of the op it runs: the OOM killer and
+#: the parent's death (PR_SET_PDEATHSIG) send SIGKILL, operators and schedulers SIGTERM/INT/HUP/QUIT.
+EXTERNAL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT})
+
+
+def killed_from_outside(returncode: int | None) -> bool:
+    """True when the exit status says something outside the cell ended the worker.
+
+    A SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGABRT is the op's own crash (a re-run
+    that passes makes it ``flaky``); a SIGKILL/SIGTERM, or no status at all (a
+    forked worker whose fork server died cannot be reaped), is not: such a cell
+    is ``error`` naming it, whatever a re-run does.
+    """
+    if returncode is None:
+        return True
+    return returncode < 0 and -returncode in EXTERNAL_SIGNALS
+
 
 def exit_description(returncode: int | None) -> str:
     """``-11`` -> "worker killed by SIGSEGV"; ``3`` -> "worker exited with code 3"."""
     if returncode is None:
-        return "worker vanished"
+        return "worker vanished (no exit status: its fork server is gone)"
     if returncode < 0:
         try:
-            return f"worker killed by {signal.Signals(-returncode).name}"
+            name = signal.Signals(-returncode).name
         except ValueError:
             return f"worker killed by signal {-returncode}"
+        outside = " from outside the cell" if killed_from_outside(returncode) else ""
+        return f"worker killed by {name}{outside}"
     return f"worker exited with code {returncode}"
 
 
@@ -94,6 +113,9 @@ class WorkerProcess:
 
     @property
     def alive(self) -> bool:
+        """Running and usable; a forked worker whose fork server died is not (it dies with its server)."""
+        if isinstance(self.proc, ForkedProcess) and self.proc.orphaned:
+            return False
         return not self.eof and not self.retiring and self.proc.poll() is None
 
     def hello(self, msg: Mapping[str, Any]) -> None:

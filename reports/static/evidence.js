@@ -181,9 +181,15 @@ const OpgateEvidence = (function () {
         tr.appendChild(el("td", { colspan: "7" }, c.problem));
       } else {
         const nonfinite = c.op_nonfinite ? " (" + c.op_nonfinite + " non-finite)" : "";
-        tr.appendChild(el("td", {}, num(c.op_err) + nonfinite));
-        tr.appendChild(el("td", {}, num(c.allowed)));
-        tr.appendChild(el("td", {}, num(c.ref_err)));
+        if (c.op_ulps !== undefined) {  // the ulp rule (validators/tolerance.py): ulps, then the absolute error
+          tr.appendChild(el("td", {}, num(c.op_ulps) + " ulp (" + num(c.op_err) + ")" + nonfinite));
+          tr.appendChild(el("td", {}, num(c.allowed_ulps) + " ulp"));
+          tr.appendChild(el("td", {}, num(c.ref_ulps) + " ulp (" + num(c.ref_err) + ")"));
+        } else {  // records written before the ulp rule: absolute errors
+          tr.appendChild(el("td", {}, num(c.op_err) + nonfinite));
+          tr.appendChild(el("td", {}, num(c.allowed)));
+          tr.appendChild(el("td", {}, num(c.ref_err)));
+        }
         tr.appendChild(el("td", {}, c.worst_index ? "[" + c.worst_index.join(", ") + "]" : "—"));
         const w = c.worst_values;
         for (const k of ["op", "reference", "oracle"]) {
@@ -239,7 +245,11 @@ const OpgateEvidence = (function () {
       if (typeof d[key] === "string" && d[key]) box.appendChild(el("pre", { class: "error" }, d[key]));
     }
     if (Array.isArray(d.comparisons) && d.comparisons.length) {
-      if (d.rule) {
+      if (d.rule && d.rule.slack_ulps !== undefined) {
+        box.appendChild(el("p", { class: "rule" }, "allowed = " + d.rule.k + " × reference error + " +
+          d.rule.slack_ulps + " ulp, in ulps of the output dtype at each element's magnitude (at least one ulp " +
+          "of the output's rms); an absolute error ≤ " + d.rule.k + " × " + d.rule.atol_floor + " always passes"));
+      } else if (d.rule) {
         box.appendChild(el("p", { class: "rule" }, "allowed = " + d.rule.k + " × max(reference error, " +
           d.rule.atol_floor + "): the op may be " + d.rule.k + "× as far from the float64 oracle as the reference"));
       }

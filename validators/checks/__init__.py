@@ -11,15 +11,17 @@ Each check is a small module exposing ``CHECKS``: a tuple of
 :data:`validators.checks.cell.MODE_CHECKS`:
 
 =========== ==================================================================
-eager       correctness, gradients, gradcheck, opcheck (4 sub-tests), evidence, perf
-compile     compile (fullgraph, breaks, recompiles), correctness, evidence, perf
+eager       mutation, correctness, gradients, gradcheck, opcheck (4 sub-tests), evidence, perf
+compile     compile (fullgraph, breaks, recompiles), correctness, mutation, evidence, perf
 cudagraphs  cudagraphs (skip counts), correctness
-export      export (op node kept in the graph), correctness
-aoti        aoti (package + load + run), correctness, evidence (the loaded package's run)
+export      export (op node kept in the graph), correctness, mutation
+aoti        aoti (package + load + run), correctness, mutation, evidence (the loaded package's run)
 build       delegated to ``validators.checks.build.run_cell`` when installed
 =========== ==================================================================
 
-A cell the spec declares unsupported runs the ``limits`` check alone.
+A cell the spec declares unsupported runs the ``limits`` check alone.  Before
+any check, the reference's float64 oracle is audited (:mod:`.oracle`): a
+reference whose oracle is not float64 makes the cell ``error`` naming its line.
 """
 
 from __future__ import annotations

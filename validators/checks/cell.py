@@ -30,14 +30,15 @@ if TYPE_CHECKING:
     from opgate.ops.spec import ImplSpec, OpSpec
     from opgate.validators.checks import CellOutcome
     from opgate.validators.checks.base import Check
+    from opgate.validators.checks.context import CellContext
 
 #: Check modules per mode, in run order.
 MODE_CHECKS: dict[str, tuple[str, ...]] = {
-    "eager": ("correctness", "gradients", "gradcheck", "opcheck", "evidence", "sass", "perf"),
-    "compile": ("compile", "correctness", "evidence", "perf"),
+    "eager": ("mutation", "correctness", "gradients", "gradcheck", "opcheck", "evidence", "sass", "perf"),
+    "compile": ("compile", "correctness", "mutation", "evidence", "perf"),
     "cudagraphs": ("cudagraphs", "correctness"),
-    "export": ("export", "correctness"),
-    "aoti": ("aoti", "correctness", "evidence"),
+    "export": ("export", "correctness", "mutation"),
+    "aoti": ("aoti", "correctness", "mutation", "evidence"),
 }
 
 #: Checks owned elsewhere that a checkout may not have yet (absent -> not run).
@@ -174,6 +175,14 @@ def _setup_failed(cell: Cell, impl: ImplSpec | None, exc: Exception) -> CellOutc
     return CellOutcome([refused], [], refused.summary, None)
 
 
+def _oracle_refused(ctx: CellContext) -> CheckResult | None:
+    """``error`` before any check when the reference's float64 oracle is not float64 (it names the line)."""
+    from opgate.validators.checks.oracle import audit
+
+    problem = audit(ctx.reference, ctx.inputs(shapes=ctx.shapes[:1])[0])
+    return None if problem is None else CheckResult("oracle", Verdict.ERROR, problem, {"problem": problem})
+
+
 def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:
     """The agreed entry point (see :func:`validators.checks.run_cell`)."""
     from opgate.validators.checks import CellOutcome
@@ -213,7 +222,10 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
         except Exception as exc:  # noqa: BLE001 - an op that does not import is this cell's error
             return _setup_failed(cell, impl, exc)
         ctx.artifact = make_artifact(cell.mode, ctx.op, spec.dynamic_shapes, workdir)
-        if ctx.impl.unsupported_reason(cell.id) is not None:
+        refused = _oracle_refused(ctx)
+        if refused is not None:
+            results = [refused]
+        elif ctx.impl.unsupported_reason(cell.id) is not None:
             from opgate.validators.checks import limits
 
             results = [run_check(c, ctx) for c in limits.CHECKS]

@@ -17,7 +17,8 @@ import torch
 from opgate.ops.base import SampleInput
 from opgate.validators.checks.artifacts import ArtifactError
 from opgate.validators.checks.base import Check
-from opgate.validators.checks.context import CellContext, call, upcast
+from opgate.validators.checks.context import CellContext, call
+from opgate.validators.checks.oracle import oracle
 from opgate.validators.layouts import describe
 from opgate.validators.result import CheckResult, Verdict
 from opgate.validators.tolerance import Comparison, compare
@@ -47,7 +48,7 @@ def summarize(comparisons: list[Comparison], what: str) -> tuple[Verdict, str]:
         return Verdict.FAIL, failed[0].summary() + more
     if not comparisons:
         return Verdict.PASS, f"{what}: nothing to compare"
-    worst = max(comparisons, key=lambda c: c.op_err / c.allowed if c.allowed > 0 else 0.0)
+    worst = max(comparisons, key=lambda c: c.margin)
     line = f"{what} within tolerance; worst {worst.summary()}"
     flagged = [c.label for c in comparisons if c.baseline_worse]
     if flagged:
@@ -68,15 +69,15 @@ def run(ctx: CellContext) -> CheckResult:
         except ArtifactError as exc:
             return CheckResult(NAME, Verdict.SKIP, f"no {artifact.mode} artifact for shape {shape} ({exc})")
         ref = call(ctx.reference, ref_sample)
-        oracle = call(ctx.reference, upcast(ref_sample))
-        comparisons += compare(out, ref, oracle, ctx.rule, label=f"shape {_shape(sample, shape)}")
+        exact = oracle(ctx.reference, ref_sample)
+        comparisons += compare(out, ref, exact, ctx.rule, label=f"shape {_shape(sample, shape)}")
     status, summary = summarize(comparisons, "outputs")
     details: dict[str, Any] = {
         "seed": ctx.seed,
         "mode": ctx.mode,
         "layout": ctx.cell.layout,
         "inputs": layouts,
-        "rule": {"k": ctx.rule.k, "atol_floor": ctx.rule.atol_floor},
+        "rule": ctx.rule.to_json(),
         "comparisons": [c.details() for c in comparisons],
         "baseline_worse": any(c.baseline_worse for c in comparisons),
     }

@@ -6,7 +6,14 @@ reference still fails.  Finite differences need float64 arithmetic *inside*
 the op, so the check first probes that the op's float64 forward matches the
 float64 oracle to ``FP64_REL_TOL``; an op that rejects float64 (Triton paths
 often do) or computes it at lower precision is recorded as ``skip`` with that
-reason rather than failing on rounding noise.
+reason rather than failing on rounding noise.  The oracle is really float64
+(:mod:`.oracle`), also for a reference written with ``.float()`` casts.
+
+gradcheck calls the backward several times with the same upstream gradient
+and perturbs the inputs in place; an op that writes into either (declared or
+not) would make it measure its own side effects.  So the op gets a fresh copy
+of every incoming gradient, and a fresh copy of each input it declares it
+writes: this check judges the backward's arithmetic, :mod:`.mutation` the writes.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import torch
 from opgate.ops.base import SampleInput
 from opgate.validators.checks.base import Check, describe_exception
 from opgate.validators.checks.context import CellContext, call
+from opgate.validators.checks.mutation import declared
+from opgate.validators.checks.oracle import float64_casts
 from opgate.validators.layouts import LayoutError
 from opgate.validators.result import CheckResult, Verdict
 
@@ -78,6 +87,24 @@ def _max_rel(out: Any, oracle: Any) -> float:
     return worst
 
 
+class _FreshGrad(torch.autograd.Function):
+    """Identity whose backward hands on a copy of the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g.clone()
+
+
+def _fresh_grad(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and t.requires_grad:
+        return _FreshGrad.apply(t)
+    return t
+
+
 def run(ctx: CellContext) -> CheckResult:
     # gradcheck perturbs input elements in place: a stride-0 view would perturb a whole column at once.
     layout = "contiguous" if ctx.cell.layout == "broadcast" else ctx.cell.layout
@@ -93,8 +120,9 @@ def run(ctx: CellContext) -> CheckResult:
         return CheckResult(
             NAME, Verdict.SKIP, f"op does not run in float64: {describe_exception(exc)}", details
         )
-    with torch.no_grad():
-        oracle = call(ctx.reference, ctx.inputs(layout=layout, dtype=torch.float64, shapes=[shape])[0])
+    wide = ctx.inputs(layout=layout, dtype=torch.float64, shapes=[shape])[0]  # drawn outside the casts
+    with torch.no_grad(), float64_casts():
+        oracle = call(ctx.reference, wide)
     rel = _max_rel(out, oracle)
     details["fp64_rel_err"] = rel
     if not rel <= FP64_REL_TOL:
@@ -109,12 +137,15 @@ def run(ctx: CellContext) -> CheckResult:
     slots = [i for i in sample.differentiable() if isinstance(args[i], torch.Tensor)]
     slots = [i for i in slots if args[i].is_floating_point()]
     leaves = tuple(args[i].detach().requires_grad_(True) for i in slots)
+    written = declared(ctx).inputs
 
     def fn(*xs: torch.Tensor) -> Any:
         full = list(args)
         for i, x in zip(slots, xs, strict=True):
-            full[i] = x
-        return ctx.op(*full, **sample.kwargs)
+            full[i] = x.clone() if i in written else x
+        full = [a.clone() if i in written and i not in slots else a for i, a in enumerate(full)]
+        out = ctx.op(*full, **sample.kwargs)
+        return torch.utils._pytree.tree_map(_fresh_grad, out)
 
     from torch.autograd.gradcheck import GradcheckError
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from opgate.validators.checks.artifacts import ArtifactError
 from opgate.validators.checks.base import Check, describe_exception
-from opgate.validators.checks.context import CellContext, call, upcast
+from opgate.validators.checks.context import CellContext, call
+from opgate.validators.checks.oracle import oracle
 from opgate.validators.result import CheckResult, Verdict
 from opgate.validators.tolerance import compare
 
@@ -53,8 +54,7 @@ def run(ctx: CellContext) -> CheckResult:
             )
         return CheckResult(NAME, Verdict.UNSUPPORTED, message, details)
     ref = call(ctx.reference, ref_sample)
-    oracle = call(ctx.reference, upcast(ref_sample))
-    comparisons = compare(out, ref, oracle, ctx.rule)
+    comparisons = compare(out, ref, oracle(ctx.reference, ref_sample), ctx.rule)
     details["comparisons"] = [c.details() for c in comparisons]
     if all(c.passed for c in comparisons):
         return CheckResult(

@@ -45,7 +45,7 @@ def _round_to(y, dtype: tl.constexpr, ROUND: tl.constexpr):  # type: ignore[no-u
 def _zoo_rms_fwd_kernel(  # noqa: PLR0917 - a Triton kernel takes its arguments positionally
     x_ptr, w_ptr, y_ptr, M, N, sxm, sxn, sw, sym, syn, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CT: tl.constexpr, ACC: tl.constexpr,
-    ROUND_ACC: tl.constexpr, ROUND_OUT: tl.constexpr,
+    ROUND_ACC: tl.constexpr, ROUND_OUT: tl.constexpr, TWICE: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -65,7 +65,10 @@ def _zoo_rms_fwd_kernel(  # noqa: PLR0917 - a Triton kernel takes its arguments 
         m = rmask[:, None] & (c[None, :] < N)
         x = tl.load(x_row + c[None, :].to(tl.int64) * sxn, mask=m, other=0.0).to(CT)
         w = tl.load(w_ptr + c.to(tl.int64) * sw, mask=c < N, other=0.0).to(CT)
-        y = x * rstd[:, None] * w[None, :]
+        y = x * rstd[:, None]
+        if TWICE:  # x * rstd rounded to the output dtype before * w (Liger, HF LlamaRMSNorm)
+            y = _round_to(y, y_ptr.dtype.element_ty, ROUND_OUT).to(CT)
+        y = y * w[None, :]
         tl.store(
             y_row + c[None, :].to(tl.int64) * syn, _round_to(y, y_ptr.dtype.element_ty, ROUND_OUT), mask=m
         )
@@ -92,16 +95,19 @@ def launch(
     block_n: int | None = None,
     block_m: int | None = None,
     floor_grid: bool = False,
+    out: torch.Tensor | None = None,
+    round_twice: bool = False,
 ) -> torch.Tensor:
     """y = rms_norm(x, w); the keyword arguments exist only for the planted faults.
 
     ``base``: tensor whose data pointer is passed for x; ``strides``: x strides
     passed to the kernel; ``acc``: accumulator type; ``floor_grid``: M // BLOCK_M
-    programs instead of cdiv.
+    programs instead of cdiv; ``out``: write y there (``x`` itself: in place);
+    ``round_twice``: round ``x * rstd`` to the output dtype before ``* w``.
     """
     check(x, w)
     M, N = x.shape
-    y = x.new_empty((M, N))
+    y = out if out is not None else x.new_empty((M, N))
     if y.numel() == 0:
         return y
     bn = block_n or min(triton.next_power_of_2(N), MAX_BLOCK_N)
@@ -115,6 +121,6 @@ def launch(
     _zoo_rms_fwd_kernel[grid](
         base if base is not None else x, w, y, M, N, sxm, sxn, w.stride(0), y.stride(0), y.stride(1), eps,
         BLOCK_M=bm, BLOCK_N=bn, CT=ct, ACC=acc,
-        ROUND_ACC=round_acc, ROUND_OUT=nearest if x.dtype == torch.bfloat16 else NATIVE,
+        ROUND_ACC=round_acc, ROUND_OUT=nearest if x.dtype == torch.bfloat16 else NATIVE, TWICE=round_twice,
     )  # fmt: skip
     return y

@@ -15,6 +15,16 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tenso
     return (xf * rstd * w.to(acc)).to(x.dtype)
 
 
+def rms_norm_float(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """The same RMSNorm written the way model code writes it: explicit ``.float()``, back with ``.to``.
+
+    Handed float64 inputs, this computes in float32; opgate's oracle maps the casts to float64.
+    """
+    xf = x.float()
+    variance = xf.pow(2).mean(-1, keepdim=True)
+    return (xf * torch.rsqrt(variance + eps) * w.float()).to(x.dtype)
+
+
 def sample_inputs(
     shape: tuple[int, ...], dtype: torch.dtype, device: str, generator: torch.Generator
 ) -> SampleInput:
