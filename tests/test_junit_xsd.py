@@ -43,7 +43,7 @@ def test_junit_xml_validates_against_junit_10_xsd(tmp_path: Path) -> None:
     assert "skipped" not in root.attrib
     # what the GitHub JUnit reporters read stays: per-suite counts, skipped included
     suites = root.findall("testsuite")
-    assert sum(int(s.get("skipped")) for s in suites) == 2  # skip and unsupported
+    assert sum(int(s.get("skipped")) for s in suites) == 3  # skip, unsupported, environment
     assert sum(int(s.get("tests")) for s in suites) == int(root.get("tests")) == len(Verdict)
 
 
