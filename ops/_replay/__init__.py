@@ -49,13 +49,13 @@ _LOCK = threading.Lock()
 def _handle(qualname: str, args: tuple[Any, ...], record: bool) -> tuple[tuple[Any, ...], bytes | None]:
     """Called by the C++ kernel on a plan miss (``record``) or for a key it cannot replay."""
     impl = _IMPLS[qualname]
-    if not record:
+    if not record and _STATE.get("offline_target") is None:
         out = impl(*args)
         return (out if isinstance(out, tuple) else (out,)), None
     with Recorder(args, offline_target=_STATE.get("offline_target")) as rec:
         out = impl(*args)
     outs = out if isinstance(out, tuple) else (out,)
-    plan = rec.plan(outs)
+    plan = rec.plan(outs) if record else None
     if plan is None and rec.refused:
         REFUSED[qualname] = rec.refused
     return outs, plan
