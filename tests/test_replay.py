@@ -10,9 +10,7 @@ GPU step (``.ci/gpu`` step ``perf17``).
 
 from __future__ import annotations
 
-import ctypes
 import os
-import struct
 import subprocess
 import sys
 import textwrap
@@ -22,8 +20,13 @@ import pytest
 import torch
 
 pytestmark = [
-    pytest.mark.skipif(torch.version.cuda is None, reason="needs a CUDA build of torch (the replay library links c10_cuda)"),
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") not in (None, "", "0"), reason="offline recording compiles real Triton kernels"),
+    pytest.mark.skipif(
+        torch.version.cuda is None, reason="needs a CUDA build of torch (replay links c10_cuda)"
+    ),
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") not in (None, "", "0"),
+        reason="offline recording compiles real kernels",
+    ),
 ]
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,7 +153,7 @@ def test_backward_plan_buffers_outputs_and_keys() -> None:
         op(dy, xt, w, 1e-6)
         st = replay.status()["ops"]["opgate_replay_test::rms_bwd"]
         assert st["misses"] == 2 and st["plans"] == 2, st
-        xm = torch.randn(300 * 1000 + 1, dtype=torch.float16)[1:].view(300, 1000)  # misaligned base
+        xm = torch.randn(300 * 1000 + 1, dtype=torch.float16)[1:].view(300, 1000)  # misaligned
         op(dy, xm, w, 1e-6); op(dy, xm, w, 1e-6)
         st = replay.status()["ops"]["opgate_replay_test::rms_bwd"]
         assert st["misses"] == 3 and st["hits"] == 2, st
@@ -180,14 +183,14 @@ def test_plan_is_refused_when_the_launcher_writes_with_a_torch_op() -> None:
             op(x)
         st = replay.status()["ops"]["opgate_replay_test::acc"]
         assert st["hits"] == 0 and st["python_calls"] == 3, st
-        assert "aten::zeros" in st["refused"] or "aten::fill" in st["refused"] or "aten::zero" in st["refused"], st
+        assert any(f"aten::{n}" in st["refused"] for n in ("zeros", "zero_", "fill_")), st
         assert take_log() == []
         """
     )
 
 
 def test_cpp_autograd_formula_passes_gradcheck_and_a_swapped_formula_fails() -> None:
-    """The C++ autograd Node, driven by a Formula, against float64 gradcheck; a planted wrong formula fails."""
+    """The C++ autograd Node, driven by a Formula, passes float64 gradcheck; a swapped formula fails."""
     _run(
         """
         from opgate.ops._replay.formula import Formula
@@ -195,17 +198,20 @@ def test_cpp_autograd_formula_passes_gradcheck_and_a_swapped_formula_fails() -> 
         def bwd(g, x, w, alpha): return g * w * alpha, (g * x * alpha).sum(0)
         for name, grads in (("mulw", (0, 1, None)), ("mulw_bad", (1, 0, None))):
             op = define(name, f"{name}(Tensor x, Tensor w, float alpha) -> Tensor")
-            define(f"{name}_bwd", f"{name}_bwd(Tensor g, Tensor x, Tensor w, float alpha) -> (Tensor, Tensor)")
-            f = Formula(f"opgate_replay_test::{name}_bwd", (("grad", 0), ("input", 0), ("input", 1), ("input", 2)), grads)
-            replay.attach(f"opgate_replay_test::{name}", fwd, f, backend_key="CPU", autograd_key="AutogradCPU")
-            replay.attach(f.backward, bwd, backend_key="CPU", autograd_key="AutogradCPU")
+            define(f"{name}_bwd", f"{name}_bwd(Tensor g, Tensor x, Tensor w, float a) -> (Tensor, Tensor)")
+            args = (("grad", 0), ("input", 0), ("input", 1), ("input", 2))
+            f = Formula(f"opgate_replay_test::{name}_bwd", args, grads)
+            keys = dict(backend_key="CPU", autograd_key="AutogradCPU")
+            replay.attach(f"opgate_replay_test::{name}", fwd, f, **keys)
+            replay.attach(f.backward, bwd, **keys)
         x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
         w = torch.randn(3, dtype=torch.float64, requires_grad=True)
         y = torch.ops.opgate_replay_test.mulw(x, w, 1.5)
         assert y.grad_fn.name() == "opgate_replay_test::mulwBackward", y.grad_fn.name()
         assert torch.autograd.gradcheck(lambda a, b: torch.ops.opgate_replay_test.mulw(a, b, 1.5), (x, w))
+        bad = torch.ops.opgate_replay_test.mulw_bad
         try:
-            torch.autograd.gradcheck(lambda a, b: torch.ops.opgate_replay_test.mulw_bad(a, b, 1.5), (x, x[0].detach().clone().requires_grad_()), raise_exception=True)
+            torch.autograd.gradcheck(lambda a, b: bad(a, b, 1.5), (x, w), raise_exception=True)
         except Exception as e:
             print("bad formula caught:", type(e).__name__)
         else:
@@ -237,7 +243,10 @@ def test_python_errors_cross_the_cpp_kernel_unchanged_and_unsupported_grads_rais
         def bwd(g, t): return g * t
         op = define("rot", "rot(Tensor x, Tensor t) -> Tensor")
         define("rot_bwd", "rot_bwd(Tensor g, Tensor t) -> Tensor")
-        f = Formula("opgate_replay_test::rot_bwd", (("grad", 0), ("input", 1)), (0, None), unsupported={1: "rot: no gradient for t"})
+        f = Formula(
+            "opgate_replay_test::rot_bwd", (("grad", 0), ("input", 1)), (0, None),
+            unsupported={1: "rot: no gradient for t"},
+        )
         replay.attach("opgate_replay_test::rot", fwd, f, backend_key="CPU", autograd_key="AutogradCPU")
         replay.attach(f.backward, bwd, backend_key="CPU", autograd_key="AutogradCPU")
         try:
