@@ -68,9 +68,24 @@ def _unavailable() -> str | None:
         return "OPGATE_REPLAY=0"
     if torch.version.cuda is None:
         return f"torch {torch.__version__} is a CPU-only build"
-    if not torch.cuda.is_available() and _STATE.get("offline_target") is None:
+    if not torch.cuda.is_available() and _STATE.get("offline_target") is None and keys()[0] != "CPU":
         return "no CUDA device (nothing to replay on)"
     return None
+
+
+def keys() -> tuple[str, str]:
+    """(backend, autograd) dispatch keys the ops attach at: CUDA by default.
+
+    ``OPGATE_REPLAY_KEYS=CPU,AutogradCPU`` attaches at the CPU keys instead, so the
+    C++ autograd kernel is validated by the CPU matrix (replay itself then
+    refuses every plan: interpreted launches are invisible to the recorder).
+    """
+    raw = os.environ.get("OPGATE_REPLAY_KEYS", "CUDA,AutogradCUDA").split(",")
+    if len(raw) != 2 or not all(raw):
+        raise ValueError(
+            f"OPGATE_REPLAY_KEYS must be BACKEND,AUTOGRAD, got {os.environ['OPGATE_REPLAY_KEYS']!r}"
+        )
+    return raw[0].strip(), raw[1].strip()
 
 
 def library(*, build: bool = True) -> ctypes.PyDLL | None:
@@ -119,18 +134,22 @@ def attach(
     impl: Callable[..., Any],
     formula: Formula | None = None,
     *,
-    backend_key: str = "CUDA",
-    autograd_key: str = "AutogradCUDA",
+    backend_key: str | None = None,
+    autograd_key: str | None = None,
 ) -> bool:
     """Serve ``qualname`` (an op already defined, e.g. by custom_op) from the replay path on ``backend_key``.
 
     ``impl``: the op's plain Python implementation (what custom_op wraps);
     ``formula``: its autograd, or None for an op without one (a backward
-    through it raises, as custom_op's does).  Returns whether it attached.
+    through it raises, as custom_op's does); the keys default to :func:`keys`
+    (an empty ``autograd_key`` attaches no autograd).  Returns whether it attached.
     """
     lib = library()
     if lib is None or qualname in _IMPLS:
         return qualname in _IMPLS
+    default_backend, default_autograd = keys()
+    backend_key = default_backend if backend_key is None else backend_key
+    autograd_key = default_autograd if autograd_key is None else autograd_key
     _IMPLS[qualname] = impl
     err = ctypes.create_string_buffer(512)
     rc = lib.opgate_replay_register(

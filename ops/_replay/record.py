@@ -275,17 +275,22 @@ class Recorder:
         }
         out_words: list[int] = []
         direct: dict[int, int] = {}
+        written = {p[2] for la in self.launches for p in la.params if p[0] == BUFFER_PTR}
         for k, o in enumerate(outputs):
             if not isinstance(o, torch.Tensor) or o.dtype not in SCALAR_TYPE:
                 raise Refused(f"output {k} is not a tensor of a replayable dtype")
             if o.numel() and o.untyped_storage().data_ptr() in input_storages:
                 raise Refused(f"output {k} aliases an input")
             b = self._buffer(o)
+            if o.numel() and b not in written:
+                raise Refused(
+                    f"output {k} is written by no recorded launch (a kernel this recorder cannot see)"
+                )
             nbytes = o.untyped_storage().nbytes()
             covers = o.storage_offset() == 0 and o.numel() * o.element_size() == nbytes and _dense(o)
             if covers and b not in direct:
                 direct[b] = k
-            out_words += [b, SCALAR_TYPE[o.dtype], o.dim(), o.storage_offset(), *o.shape, *o.stride()]
+            out_words += [b, SCALAR_TYPE[o.dtype], o.dim(), int(o.storage_offset()), *o.shape, *o.stride()]
         words = [PLAN_VERSION, len(self._storages), len(self.launches), len(outputs)]
         for _key, (b, t) in sorted(self._storages.items(), key=lambda kv: kv[1][0]):
             words += [t.untyped_storage().nbytes(), direct.get(b, -1)]
@@ -342,4 +347,4 @@ def _install_patch() -> None:
             return rec.launch(self, args, kwargs, grid, original)
 
         run._opgate_replay = True  # type: ignore[attr-defined]
-        JITFunction.run = run  # type: ignore[method-assign]
+        JITFunction.run = run

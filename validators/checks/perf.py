@@ -59,7 +59,7 @@ def applies(ctx: CellContext) -> str | None:
     if ctx.device_kind != "cuda":
         return CPU_REASON
     if ctx.mode not in MODES:
-        return f"perf is measured in {' and '.join(MODES)} mode, not {ctx.mode}"
+        return f"perf is measured in {', '.join(MODES)} mode, not {ctx.mode}"
     if ctx.cell.layout == "zero_size":
         return "zero-size inputs move no data: nothing to time"
     if ctx.artifact is not None and ctx.artifact.failure is not None:
