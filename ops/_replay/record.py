@@ -158,6 +158,8 @@ class Recorder:
             self.launches.append(self._record(fn, args, kwargs, grid, kernel))
         except Refused as exc:
             self.refuse(str(exc))
+        except Exception as exc:  # noqa: BLE001 - e.g. another Triton's internals: the op's result stands
+            self.refuse(f"recorder: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
         return kernel
 
     def _binder(self, fn: Any) -> tuple[Any, Any]:
@@ -165,7 +167,7 @@ class Recorder:
             from triton.runtime.driver import driver
 
             device = driver.active.get_current_device()
-            _, _, _target, backend, binder = fn.device_caches[device]
+            *_, backend, binder = fn.device_caches[device]  # the JIT's own (its last two entries)
             return backend, binder
         from triton.compiler import make_backend
         from triton.runtime.jit import create_function_from_signature
@@ -267,6 +269,8 @@ class Recorder:
                 return self._encode(outputs)
             except Refused as exc:
                 self.refuse(str(exc))
+            except Exception as exc:  # noqa: BLE001 - never fail the call that was recorded
+                self.refuse(f"plan: {type(exc).__name__}: {exc}")
         return None
 
     def _encode(self, outputs: Sequence[torch.Tensor]) -> bytes:

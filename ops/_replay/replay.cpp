@@ -319,12 +319,16 @@ std::vector<at::Tensor> call_python(OpState& st, const torch::jit::Stack& stack,
       if (problem.empty() && key != nullptr && pb != Py_None) {
         if (!PyBytes_Check(pb) || PyBytes_GET_SIZE(pb) % 8 != 0) {
           problem = "plan must be bytes of int64 words";
-        } else {
+        } else {  // parsed below
           try {
             plan = parse_plan(reinterpret_cast<const int64_t*>(PyBytes_AS_STRING(pb)),
                               static_cast<size_t>(PyBytes_GET_SIZE(pb)) / 8);
           } catch (const std::exception& e) {
-            problem = e.what();
+            // a plan this build cannot read: the key stays on the Python path, the call succeeds
+            TORCH_WARN_ONCE("opgate replay (", st.qualname, "): plan refused: ", e.what());
+            auto refused = std::make_shared<Plan>();
+            refused->python_only = true;
+            plan = refused;
           }
         }
       } else if (key != nullptr && pb == Py_None) {
