@@ -143,3 +143,23 @@ def test_rule_edges() -> None:
     assert describe(worst, "compile") == (
         "compile: slower, 2.00x the time of compile(reference) (32768x8192 forward)"
     )
+
+
+def test_replay_check_compares_with_the_python_path_and_the_reference_and_catches_a_wrong_op() -> None:
+    """opgate perf replay's per-case check on CPU (replay off here: Python vs Python, and the reference)."""
+    from opgate.ops.spec import load_specs
+    from opgate.validators.perf.replay_check import check_op
+
+    spec = load_specs()["rms_norm"]
+    rows = check_op(spec, rms_norm, "triton", device="cpu", shapes=[(8, 64)])
+    assert rows
+    assert all(r["ok"] and r["same_forward"] and r["same_backward"] for r in rows), rows
+    assert {r["layout"] for r in rows} >= {"contiguous", "transposed", "misaligned"}
+
+    def wrong(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        return rms_norm(x, w, eps) * 1.2  # planted: 20% off
+
+    bad = check_op(spec, wrong, "cuda", device="cpu", shapes=[(8, 64)])
+    assert bad
+    assert not any(r["ok"] for r in bad)
+    assert all(r["near_reference"] is False and "same_forward" not in r for r in bad)
