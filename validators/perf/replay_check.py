@@ -98,7 +98,8 @@ def check_op(
 
     sample_fn, reference = resolve(spec.samples, spec.root), resolve(spec.reference, spec.root)
     if not shapes:
-        shapes = [tuple(s) for s in spec.shapes["default"]] + [tuple(s) for s in spec.shapes.get("large", [])[:1]]
+        shapes = [tuple(s) for s in spec.shapes["default"]]
+        shapes += [tuple(s) for s in spec.shapes.get("large", [])[:1]]
     rows = []
     for shape in shapes:
         for dname in DTYPES:
