@@ -45,6 +45,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -479,6 +480,16 @@ struct Formula {
   std::vector<std::pair<char, int64_t>> args;
   std::vector<int64_t> grad_of;          // per forward argument: backward output index, or -1
   std::vector<std::string> unsupported;  // per forward argument: error when its gradient is needed
+
+  // The backward op's handle, looked up once (a dispatcher lookup by name costs a lock and a hash).
+  const c10::OperatorHandle& backward_op() const {
+    std::call_once(once_, [this] { handle_.emplace(c10::Dispatcher::singleton().findSchemaOrThrow(backward.c_str(), "")); });
+    return *handle_;
+  }
+
+ private:
+  mutable std::once_flag once_;
+  mutable std::optional<c10::OperatorHandle> handle_;
 };
 
 using NodePtr = std::remove_cv_t<std::remove_reference_t<decltype(std::declval<torch::autograd::Edge>().function)>>;
@@ -524,7 +535,7 @@ struct FormulaNode final : public torch::autograd::Node {
     }
     TORCH_CHECK(!f.backward.empty(), "Trying to backward through ", forward_name,
                 " but no autograd formula was registered. Please use register_autograd to add one.");
-    const auto& bwd = c10::Dispatcher::singleton().findSchemaOrThrow(f.backward.c_str(), "");
+    const auto& bwd = f.backward_op();
     torch::jit::Stack stack;
     auto self = getptr();
     for (const auto& [kind, k] : f.args) {
