@@ -98,7 +98,7 @@ def _with_grad(sample: SampleInput) -> tuple[SampleInput, list[Any]]:
 
     args = list(sample.args)
     leaves = []
-    for i in sample.grad_args:
+    for i in sample.differentiable():
         a = args[i]
         if isinstance(a, torch.Tensor) and a.is_floating_point():
             args[i] = a.detach().requires_grad_(True)
@@ -128,7 +128,7 @@ def directions(sample: SampleInput) -> tuple[str, ...]:
 
     grads = any(
         isinstance(sample.args[i], torch.Tensor) and sample.args[i].is_floating_point()
-        for i in sample.grad_args
+        for i in sample.differentiable()
     )
     return DIRECTIONS if grads else DIRECTIONS[:1]
 
