@@ -43,7 +43,11 @@ _IMPLS: dict[str, Callable[..., Any]] = {}
 #: Why a recording was refused, by qualname (the last reason): what stays on the Python path.
 REFUSED: dict[str, str] = {}
 _STATE: dict[str, Any] = {"lib": None, "why": None}
+#: Ops attached while the library builds in the background: registered when it is loaded.
+_PENDING: list[tuple[str, Callable[..., Any], Formula | None, str, str]] = []
+ARCHES = ("sm_80", "sm_90")
 _LOCK = threading.Lock()
+_PENDING_LOCK = threading.Lock()
 
 
 def _handle(qualname: str, args: tuple[Any, ...], record: bool) -> tuple[tuple[Any, ...], bytes | None]:
@@ -88,30 +92,82 @@ def keys() -> tuple[str, str]:
     return raw[0].strip(), raw[1].strip()
 
 
-def library(*, build: bool = True) -> ctypes.PyDLL | None:
-    """The loaded replay library (built and cached on first use), or None with :func:`status` saying why."""
-    with _LOCK:
-        if _STATE["lib"] is not None or not build:
-            return _STATE["lib"]
-        if _STATE["why"] is not None:
-            return None
-        why = _unavailable()
-        if why is None:
-            try:
-                from opgate.ops._cuda_build import load_library
+def library(*, build: bool = True, wait: bool = True) -> ctypes.PyDLL | None:
+    """The loaded replay library, or None with :func:`status` saying why.
 
-                built = load_library(LIBRARY_NAME, [SOURCE], ["sm_80", "sm_90"])
-                lib = ctypes.PyDLL(str(built.library))
-                _declare(lib)
-                if lib.opgate_replay_abi() != ABI:
-                    raise RuntimeError(f"{built.library}: ABI {lib.opgate_replay_abi()}, expected {ABI}")
-                lib.opgate_replay_set_handler(_handle)
-                _STATE["lib"] = lib
-                _STATE["library_path"] = str(built.library)
-            except Exception as exc:  # noqa: BLE001 - replay is an accelerator: the Python path stays
-                why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-        _STATE["why"] = why
+    ``wait=False`` (what :func:`attach` uses at import): load it if a build is
+    cached, else build it on a background thread and attach the pending ops
+    when it is ready, so importing an op never waits minutes for a compiler;
+    until then the op runs on its Python path.  ``wait=True`` builds now.
+    """
+    thread = _STATE.get("thread")
+    if not wait and thread is not None and thread.is_alive():
+        return None  # being built; never block an import on the build lock
+    with _LOCK:
+        if _STATE["lib"] is not None or not build or _STATE["why"] is not None:
+            return _STATE["lib"]
+        why = _unavailable()
+        if why is not None:
+            _STATE["why"] = why
+            return None
+        if not wait and not _cached():
+            if _STATE.get("thread") is None:
+                _STATE["thread"] = threading.Thread(
+                    target=_build_then_attach, name="opgate-replay", daemon=True
+                )
+                _STATE["thread"].start()
+            return None
+        _load()
         return _STATE["lib"]
+
+
+def _cached() -> bool:
+    from opgate.ops._cuda_build import CudaBuildUnsupported, cached_library, default_toolchain
+
+    try:
+        return (
+            cached_library(LIBRARY_NAME, [SOURCE], ARCHES, False, default_toolchain(install=False))
+            is not None
+        )
+    except CudaBuildUnsupported:
+        return True  # nothing to wait for: _load reports why
+
+
+def _load() -> None:
+    """Build (cached) and load; record why not on failure.  Called with ``_LOCK`` held."""
+    try:
+        from opgate.ops._cuda_build import load_library
+
+        built = load_library(LIBRARY_NAME, [SOURCE], ARCHES, install=False)
+        lib = ctypes.PyDLL(str(built.library))
+        _declare(lib)
+        if lib.opgate_replay_abi() != ABI:
+            raise RuntimeError(f"{built.library}: ABI {lib.opgate_replay_abi()}, expected {ABI}")
+        lib.opgate_replay_set_handler(_handle)
+        _STATE["lib"] = lib
+        _STATE["library_path"] = str(built.library)
+    except Exception as exc:  # noqa: BLE001 - replay is an accelerator: the Python path stays
+        _STATE["why"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+
+
+def _build_then_attach() -> None:
+    with _LOCK:
+        if _STATE["lib"] is None and _STATE["why"] is None:
+            _load()
+    with _PENDING_LOCK:
+        _STATE["built"] = True
+        pending = list(_PENDING)
+        _PENDING.clear()
+    for args in pending:
+        _register_quietly(*args)
+
+
+def _register_quietly(*args: Any) -> None:
+    """:func:`_register` for the background thread: an op that cannot attach keeps its Python path."""
+    try:
+        _register(*args)
+    except RuntimeError as exc:
+        REFUSED[args[0]] = str(exc)
 
 
 def _declare(lib: ctypes.PyDLL) -> None:
@@ -144,12 +200,25 @@ def attach(
     through it raises, as custom_op's does); the keys default to :func:`keys`
     (an empty ``autograd_key`` attaches no autograd).  Returns whether it attached.
     """
-    lib = library()
-    if lib is None or qualname in _IMPLS:
-        return qualname in _IMPLS
     default_backend, default_autograd = keys()
     backend_key = default_backend if backend_key is None else backend_key
     autograd_key = default_autograd if autograd_key is None else autograd_key
+    library(wait=False)
+    with _PENDING_LOCK:
+        if _STATE["lib"] is None:
+            building = _STATE.get("thread") is not None and not _STATE.get("built")
+            if building:
+                _PENDING.append((qualname, impl, formula, backend_key, autograd_key))
+            return False
+    return _register(qualname, impl, formula, backend_key, autograd_key)
+
+
+def _register(
+    qualname: str, impl: Callable[..., Any], formula: Formula | None, backend_key: str, autograd_key: str
+) -> bool:
+    lib = _STATE["lib"]
+    if lib is None or qualname in _IMPLS:
+        return qualname in _IMPLS
     _IMPLS[qualname] = impl
     err = ctypes.create_string_buffer(512)
     rc = lib.opgate_replay_register(
