@@ -346,15 +346,36 @@ def run_bench(
             print(summary_line(record), flush=True)
         del samples
         torch.cuda.empty_cache()
-    data = {
+        # written after every group: a run stopped by its time limit keeps the cases it finished
+        data = _document(info, ceil, records, missing, t0, complete=False)
+        _write(out, data)
+    data = _document(info, ceil, records, missing, t0, complete=True)
+    _write(out, data)
+    return data
+
+
+def _document(
+    info: Mapping[str, Any],
+    ceil: Any,
+    records: list[dict[str, Any]],
+    missing: Any,
+    t0: float,
+    *,
+    complete: bool,
+) -> dict[str, Any]:
+    return {
         "format": FORMAT, "info": info, "ceilings": ceil.to_json(),
         "timing": {**asdict(BENCH_TIMING), "method": METHOD}, "cases": records,
         "unavailable": missing, "wall_s": round(time.perf_counter() - t0, 1),
-        "replay": replay_status(),
+        "replay": replay_status(), "complete": complete,
     }  # fmt: skip
+
+
+def _write(out: Path, data: Mapping[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(data, indent=1) + "\n")
-    return data
+    tmp = out / "bench.json.tmp"
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(out / "bench.json")
 
 
 def replay_status() -> dict[str, Any]:
