@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 #: The row-wise ops' layouts checked here (zero-size never replays: it launches nothing).
-LAYOUTS = ("contiguous", "transposed", "strided", "offset", "broadcast", "misaligned")
+LAYOUTS = ("contiguous", "transposed", "broadcast", "misaligned")
 DTYPES = ("bf16", "fp32")
 HOST_TARGET_US = 5.0
 
@@ -235,6 +235,7 @@ def run_replay_check(out: Path, ops: Sequence[str] = ()) -> dict[str, Any]:
         for r in bad[:5]:
             print(f"  differs: {r}", flush=True)
         cases += rows
+        _write(out, {**data, "cases": cases, "complete": False})
     data["cases"] = cases
     data["replay_after"] = replay.status()
     if any(not r["ok"] for r in cases):
@@ -252,6 +253,11 @@ def run_replay_check(out: Path, ops: Sequence[str] = ()) -> dict[str, Any]:
     data["host"] = host
     data["targets"] = targets(host)
     data["wall_s"] = round(time.perf_counter() - t0, 1)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "replay.json").write_text(json.dumps(data, indent=1) + "\n")
+    _write(out, {**data, "complete": True})
     return data
+
+
+def _write(out: Path, data: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "replay.json.tmp").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "replay.json.tmp").replace(out / "replay.json")
