@@ -215,8 +215,19 @@ def build(
         return BuiltExtension(name, lib, build_dir, key, False, seconds, log)
 
 
-def default_toolchain() -> Toolchain:
-    """The nvcc for runtime use: ``$OPGATE_CUDA_VERSION``, else torch's CUDA, else any same-major nvcc."""
+def cached_library(
+    name: str, sources: Sequence[Path], sass: Sequence[str], ptx: bool, toolchain: Toolchain
+) -> Path | None:
+    """The finished build of this key, if there is one (no lock, no compiler: a quick look)."""
+    key = build_key(name, [Path(s).resolve() for s in sources], sass, ptx, toolchain)
+    return _cached(cache_root() / _key_dir(key), key)
+
+
+def default_toolchain(*, install: bool = True) -> Toolchain:
+    """The nvcc for runtime use: ``$OPGATE_CUDA_VERSION``, else torch's CUDA, else any same-major nvcc.
+
+    ``install=False``: only look (an optional accelerator must not download a toolkit at import).
+    """
     import torch
 
     wanted = os.environ.get("OPGATE_CUDA_VERSION") or torch.version.cuda
@@ -234,6 +245,8 @@ def default_toolchain() -> Toolchain:
         same_major = find_toolchain(".".join(release.split(".")[:2]))
         if same_major is not None:
             return same_major
+    if not install:
+        raise CudaBuildUnsupported(f"no nvcc {version} (or same major) found on this machine")
     return ensure_nvcc(version)
 
 
@@ -241,12 +254,12 @@ _LOADED: dict[str, Path] = {}
 
 
 def load_library(
-    name: str, sources: Sequence[Path], sass: Sequence[str], ptx: bool = False
+    name: str, sources: Sequence[Path], sass: Sequence[str], ptx: bool = False, *, install: bool = True
 ) -> BuiltExtension:
     """Build (cached) with :func:`default_toolchain` and load the ops into this process once."""
     import torch
 
-    built = build(name, sources, sass, ptx, default_toolchain())
+    built = build(name, sources, sass, ptx, default_toolchain(install=install))
     if name not in _LOADED:
         torch.ops.load_library(str(built.library))
         _LOADED[name] = built.library

@@ -85,7 +85,8 @@ def symbols_for(shape: Sequence[int], names: Sequence[str] | None = None) -> dic
 
 #: The cost keys that hold expressions, and the direction each belongs to.
 EXPRESSION_KEYS = ("bytes", "flops", "backward_bytes", "backward_flops")
-DIRECTIONS = ("forward", "backward")
+#: "forward+backward": one training step of the op (the forward, then autograd.grad), both costs summed.
+DIRECTIONS = ("forward", "backward", "forward+backward")
 
 
 def parse(text: str) -> ast.Expression:
@@ -192,7 +193,12 @@ def shape_cost(
     ``direction="backward"`` reads the optional ``backward_bytes`` / ``backward_flops`` keys.
     """
     if direction not in DIRECTIONS:
-        raise CostError(f"direction must be forward or backward, got {direction!r}")
+        raise CostError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
+    if direction == "forward+backward":
+        fwd, bwd = shape_cost(cost, shape, itemsize), shape_cost(cost, shape, itemsize, "backward")
+        return tuple(  # type: ignore[return-value]
+            None if a is None or b is None else a + b for a, b in zip(fwd, bwd, strict=True)
+        )
     raw_symbols = cost.get("symbols")
     if isinstance(raw_symbols, str):
         raw_symbols = [s.strip() for s in raw_symbols.split(",") if s.strip()]

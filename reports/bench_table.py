@@ -25,7 +25,7 @@ from opgate.matrix.files import read_json
 from opgate.validators.perf.report import BENCH_FORMAT as FORMAT
 
 ROLES = ("opgate", "variant", "peer")
-DIRECTION_LABELS = {"forward": "fwd", "backward": "bwd"}
+DIRECTION_LABELS = {"forward": "fwd", "backward": "bwd", "forward+backward": "fwd+bwd"}
 TITLE = "# opgate benchmark table"
 
 

@@ -44,6 +44,7 @@ from opgate.reports.view import (
     resolved,
     row_of,
 )
+from opgate.reports.worth import html_section as worth_section
 from opgate.validators.env import Fingerprint
 from opgate.validators.result import Verdict
 
@@ -131,6 +132,11 @@ def render(compat: Compat, block_section: str = "") -> str:
     js = "\n".join(_static(name) for name in SCRIPTS)
     title = f"opgate compatibility matrix · {compat.generated_at}"
     block = f'<section id="block"><h2>End to end: decoder block</h2>{block_section}</section>'
+    worth = worth_section(compat.entries)
+    if worth:
+        worth = (
+            f'<section id="worth"><h2>Worth it? The op against PyTorch in the same mode</h2>{worth}</section>'
+        )
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -164,6 +170,7 @@ own reference fails the same way). "(binary only)": arch verified in the binary 
 </section>
 <aside id="details" hidden aria-live="polite"></aside>
 <section id="perf"><h2>Performance</h2>{perf_section(compat.perf)}</section>
+{worth}
 {block if block_section else ""}
 </main>
 <script type="application/json" id="opgate-layout">{embed_json(layout(compat))}</script>

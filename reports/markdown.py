@@ -28,6 +28,7 @@ from opgate.reports.view import (
     resolved,
     row_of,
 )
+from opgate.reports.worth import markdown_section as worth_section
 
 LIST_LIMIT = 200  # per category; compat.json and index.html hold the rest
 
@@ -168,5 +169,6 @@ def render(compat: Compat) -> str:
             ["mode · dtype", *(c.label for c in op_cols.values())], _grid(group, "mode", op_cols, True)
         )
         lines.append("")
+    lines += worth_section(compat.entries)
     lines += _non_pass(compat.entries)
     return "\n".join(lines).rstrip() + "\n"

@@ -51,14 +51,15 @@ def test_cpu_cell_is_skipped_and_records_nothing(tmp_path):
     ("mode", "layout", "reason"),
     [
         ("export", "contiguous", "not export"),
-        ("cudagraphs", "contiguous", "not cudagraphs"),
+        ("aoti", "contiguous", "not aoti"),
         ("eager", "zero_size", "nothing to time"),
     ],
 )
-def test_gpu_cells_outside_eager_and_compile_are_skipped(tmp_path, mode, layout, reason):
+def test_gpu_cells_outside_the_timed_modes_are_skipped(tmp_path, mode, layout, reason):
     ctx = _ctx(tmp_path, device="cuda:0", mode=mode, layout=layout)
     assert reason in (perf.applies(ctx) or "")
     assert perf.applies(_ctx(tmp_path, device="cuda:0")) is None
+    assert perf.applies(_ctx(tmp_path, device="cuda:0", mode="cudagraphs")) is None  # worth-it is timed there
 
 
 def test_failed_artifact_is_not_timed(tmp_path):
@@ -155,7 +156,15 @@ def test_run_path_end_to_end_with_host_clock_events(tmp_path, monkeypatch):
     result = perf.run(ctx)
     assert result.status is Verdict.PASS, result.details
     details = result.details
-    assert list(details) == ["shapes", "ceilings", "clocks", "device"]
+    assert list(details) == ["shapes", "worth_it", "ceilings", "clocks", "device"], details.get("errors")
+    worth = details["worth_it"]
+    assert worth["baselines"] == ["reference", "aten", "compile(reference)"]
+    assert [(r["shape"], r["direction"]) for r in worth["rows"]] == [
+        (list(s), d) for s in ctx.shapes for d in ("forward", "forward+backward")
+    ]
+    assert all(r["finding"] in ("slower", "par", "faster") for r in worth["rows"])
+    assert worth["summary"]["finding"] in ("slower", "par", "faster")
+    assert "worth it? eager: " in result.summary
     assert details["ceilings"] == {"copy_gbps": 4000.0, "gemm_tflops": 800.0}
     assert details["device"] == "Fake GPU"
     assert [s["shape"] for s in details["shapes"]] == [list(s) for s in ctx.shapes]

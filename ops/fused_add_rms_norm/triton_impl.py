@@ -9,10 +9,10 @@ where two leaves would otherwise share one .grad buffer).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from opgate.ops import _replay as replay
+from opgate.ops._replay.formula import Formula
 from opgate.ops._triton_util import check, check_float, check_same_device
 from opgate.ops.fused_add_rms_norm import triton_kernels as K
 from opgate.ops.rms_norm.launch import rms_backward, rms_forward
@@ -32,8 +32,7 @@ def _check(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor) -> None:
     check(residual.dtype == x.dtype, lambda: f"{OP}: residual dtype {residual.dtype} != x dtype {x.dtype}")
 
 
-@torch.library.custom_op(OP, mutates_args=())
-def fused_add_rms_norm(
+def _fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual, w, eps), x + residual), the sum rounded to x's dtype first."""
@@ -41,6 +40,9 @@ def fused_add_rms_norm(
     y, h = rms_forward(OP, x, w, eps, residual=residual, fused_kernel=K._fused_add_rms_norm_fwd_kernel)
     assert h is not None
     return y, h
+
+
+fused_add_rms_norm = torch.library.custom_op(OP, mutates_args=())(_fused_add_rms_norm)
 
 
 @fused_add_rms_norm.register_fake
@@ -51,13 +53,17 @@ def _fake(
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
-@torch.library.custom_op("opgate::fused_add_rms_norm_backward", mutates_args=())
-def fused_add_rms_norm_backward(
+def _fused_add_rms_norm_backward(
     gy: torch.Tensor, gh: torch.Tensor | None, h: torch.Tensor, w: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dh, dw): dh is the gradient of both x and residual."""
     check_inputs(OP, h, w)
     return rms_backward(OP, gy, h, w, eps, gh=gh, fused_kernel=K._fused_add_rms_norm_bwd_kernel)
+
+
+fused_add_rms_norm_backward = torch.library.custom_op("opgate::fused_add_rms_norm_backward", mutates_args=())(
+    _fused_add_rms_norm_backward
+)
 
 
 @fused_add_rms_norm_backward.register_fake
@@ -67,18 +73,12 @@ def _backward_fake(
     return h.new_empty(h.shape), w.new_empty(w.shape)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
-    _, _, w, eps = inputs
-    ctx.save_for_backward(output[1], w)
-    ctx.eps = eps
-
-
-def _backward(
-    ctx: Any, gy: torch.Tensor, gh: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
-    h, w = ctx.saved_tensors
-    dh, dw = fused_add_rms_norm_backward(gy, gh, h, w, ctx.eps)
-    return dh, dh, dw, None
-
-
-fused_add_rms_norm.register_autograd(_backward, setup_context=_setup_context)
+#: backward(gy, gh, h, w, eps) -> (dh, dw); dh is the gradient of both x and residual
+FORMULA = Formula(
+    "opgate::fused_add_rms_norm_backward",
+    (("grad", 0), ("grad", 1), ("output", 1), ("input", 2), ("input", 3)),
+    (0, 0, 1, None),
+)
+FORMULA.register(fused_add_rms_norm)
+replay.attach(OP, _fused_add_rms_norm, FORMULA)
+replay.attach(FORMULA.backward, _fused_add_rms_norm_backward)

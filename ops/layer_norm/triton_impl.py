@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from opgate.ops import _replay as replay
+from opgate.ops._replay.formula import Formula
 from opgate.ops._triton_device import reduce_partials
 from opgate.ops._triton_util import (
     BWD_TUNING,
@@ -110,13 +112,15 @@ def _check(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> None:
         )
 
 
-@torch.library.custom_op(OP, mutates_args=())
-def layer_norm(
+def _layer_norm(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e-5, gelu: bool = False
 ) -> torch.Tensor:
     """gelu?((x - mean) / sqrt(var + eps) * w + b) over the last dim, in float32 (float64 for float64)."""
     _check(x, w, b)
     return _forward(x, w, b, eps, gelu)
+
+
+layer_norm = torch.library.custom_op(OP, mutates_args=())(_layer_norm)
 
 
 @layer_norm.register_fake
@@ -127,14 +131,18 @@ def _fake(
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("opgate::layer_norm_backward", mutates_args=())
-def layer_norm_backward(  # noqa: PLR0917 (the op schema is positional)
+def _layer_norm_backward(  # noqa: PLR0917 (the op schema is positional)
     dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, gelu: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db) of layer_norm."""
     _check(x, w, b)
     check(dy.shape == x.shape, lambda: f"{OP}: grad shape {tuple(dy.shape)} != x {tuple(x.shape)}")
     return _backward_launch(dy, x, w, b, eps=eps, gelu=gelu)
+
+
+layer_norm_backward = torch.library.custom_op("opgate::layer_norm_backward", mutates_args=())(
+    _layer_norm_backward
+)
 
 
 @layer_norm_backward.register_fake
@@ -144,16 +152,12 @@ def _backward_fake(  # noqa: PLR0917 (mirrors the op schema)
     return x.new_empty(x.shape), w.new_empty(w.shape), b.new_empty(b.shape)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, w, b, eps, gelu = inputs
-    ctx.save_for_backward(x, w, b)
-    ctx.eps, ctx.gelu = eps, gelu
-
-
-def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
-    x, w, b = ctx.saved_tensors
-    dx, dw, db = layer_norm_backward(dy, x, w, b, ctx.eps, ctx.gelu)
-    return dx, dw, db, None, None
-
-
-layer_norm.register_autograd(_backward, setup_context=_setup_context)
+#: backward(dy, x, w, b, eps, gelu) -> (dx, dw, db)
+FORMULA = Formula(
+    "opgate::layer_norm_backward",
+    (("grad", 0), ("input", 0), ("input", 1), ("input", 2), ("input", 3), ("input", 4)),
+    (0, 1, 2, None, None),
+)
+FORMULA.register(layer_norm)
+replay.attach(OP, _layer_norm, FORMULA)
+replay.attach(FORMULA.backward, _layer_norm_backward)

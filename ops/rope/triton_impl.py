@@ -12,12 +12,13 @@ are equal, that is rope with -sin).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from opgate.ops import _replay as replay
+from opgate.ops._replay.formula import Formula
 from opgate.ops._triton_device import round_to
 from opgate.ops._triton_util import (
     acc_dtype,
@@ -166,13 +167,15 @@ def _check(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         )
 
 
-@torch.library.custom_op(OP, mutates_args=())
-def rope(
+def _rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "bshd"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q * cos + rotate_half(q) * sin, same for k), contiguous in q's/k's layout."""
     _check(q, k, cos, sin, layout)
     return _launch(q, k, cos, sin, layout, backward=False)
+
+
+rope = torch.library.custom_op(OP, mutates_args=())(_rope)
 
 
 @rope.register_fake
@@ -183,13 +186,15 @@ def _fake(
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-@torch.library.custom_op("opgate::rope_backward", mutates_args=())
-def rope_backward(
+def _rope_backward(
     gq: torch.Tensor, gk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq, dk): the transpose of the rotation, applied to the output gradients."""
     _check(gq, gk, cos, sin, layout)
     return _launch(gq, gk, cos, sin, layout, backward=True)
+
+
+rope_backward = torch.library.custom_op("opgate::rope_backward", mutates_args=())(_rope_backward)
 
 
 @rope_backward.register_fake
@@ -199,18 +204,14 @@ def _backward_fake(
     return gq.new_empty(gq.shape), gk.new_empty(gk.shape)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
-    _, _, cos, sin, layout = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.layout = layout
-
-
-def _backward(ctx: Any, gq: torch.Tensor, gk: torch.Tensor) -> tuple[Any, ...]:
-    if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
-        raise NotImplementedError(f"{OP}: gradients with respect to cos/sin are not supported")
-    cos, sin = ctx.saved_tensors
-    dq, dk = rope_backward(gq, gk, cos, sin, ctx.layout)
-    return dq, dk, None, None, None
-
-
-rope.register_autograd(_backward, setup_context=_setup_context)
+_NO_TABLE_GRAD = f"{OP}: gradients with respect to cos/sin are not supported"
+#: backward(gq, gk, cos, sin, layout) -> (dq, dk)
+FORMULA = Formula(
+    "opgate::rope_backward",
+    (("grad", 0), ("grad", 1), ("input", 2), ("input", 3), ("input", 4)),
+    (0, 1, None, None, None),
+    unsupported={2: _NO_TABLE_GRAD, 3: _NO_TABLE_GRAD},
+)
+FORMULA.register(rope)
+replay.attach(OP, _rope, FORMULA)
+replay.attach(FORMULA.backward, _rope_backward)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from opgate.ops import _replay as replay
+from opgate.ops._replay.formula import Formula
 from opgate.ops._triton_device import load_tile, round_to
 from opgate.ops._triton_util import (
     acc_dtype,
@@ -146,11 +148,13 @@ def _check(a: torch.Tensor, b: torch.Tensor) -> None:
     check(a.shape == b.shape, lambda: f"{OP}: a shape {tuple(a.shape)} != b shape {tuple(b.shape)}")
 
 
-@torch.library.custom_op(OP, mutates_args=())
-def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(a) * b in float32 (float64 for float64), stored in a's dtype."""
     _check(a, b)
     return _launch(a, b, None)[0]
+
+
+silu_mul = torch.library.custom_op(OP, mutates_args=())(_silu_mul)
 
 
 @silu_mul.register_fake
@@ -159,8 +163,9 @@ def _fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.new_empty(a.shape)
 
 
-@torch.library.custom_op("opgate::silu_mul_backward", mutates_args=())
-def silu_mul_backward(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _silu_mul_backward(
+    g: torch.Tensor, a: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, db) = (g * b * silu'(a), g * silu(a))."""
     _check(a, b)
     check(g.shape == a.shape, lambda: f"{OP}: grad shape {tuple(g.shape)} != {tuple(a.shape)}")
@@ -168,18 +173,16 @@ def silu_mul_backward(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tupl
     return da, db
 
 
+silu_mul_backward = torch.library.custom_op("opgate::silu_mul_backward", mutates_args=())(_silu_mul_backward)
+
+
 @silu_mul_backward.register_fake
 def _backward_fake(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return a.new_empty(a.shape), b.new_empty(b.shape)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    ctx.save_for_backward(*inputs)
-
-
-def _backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    a, b = ctx.saved_tensors
-    return silu_mul_backward(g, a, b)
-
-
-silu_mul.register_autograd(_backward, setup_context=_setup_context)
+#: backward(g, a, b) -> (da, db)
+FORMULA = Formula("opgate::silu_mul_backward", (("grad", 0), ("input", 0), ("input", 1)), (0, 1))
+FORMULA.register(silu_mul)
+replay.attach(OP, _silu_mul, FORMULA)
+replay.attach(FORMULA.backward, _silu_mul_backward)

@@ -1,6 +1,6 @@
 """perf: how fast the op runs in this cell, against its reference, on a GPU.
 
-Only GPU cells in ``eager`` and ``compile`` mode are timed.  On CPU the check
+Only GPU cells in ``eager``, ``compile`` and ``cudagraphs`` mode are timed.  On CPU the check
 is a ``skip`` ("perf is measured on GPUs only") and records nothing: a shared
 CI runner's timings are noise, and noise in the history makes false alarms.
 
@@ -15,6 +15,12 @@ and TFLOP/s, and the ceilings measured once per run
 (:mod:`validators.perf.ceilings`) into percentages.
 Every sample is kept: history and the regression rule
 (:func:`validators.perf.stats.judge`) need distributions.
+
+Worth it?  Every timed cell also records ``details["worth_it"]``: the op
+against what PyTorch already gives in the cell's mode, forward and
+forward+backward (:mod:`opgate.validators.checks.perf_worth`, rule in
+:mod:`opgate.validators.perf.worth`); an op slower than that is a perf finding
+in the summary and the compat report, never a ``fail``.
 
 The status is ``pass`` whenever something was timed: perf never fails a cell
 by itself; regressions are judged against history when reports diff runs.
@@ -34,13 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 from opgate.validators.checks.base import Check, describe_exception
 from opgate.validators.checks.context import CellContext
+from opgate.validators.perf.worth import describe
 from opgate.validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
     from opgate.validators.perf.timing import Timing
 
 NAME = "perf"
-MODES = ("eager", "compile")
+MODES = ("eager", "compile", "cudagraphs")
+#: Modes whose cells also record the op's own timing history (``details["shapes"]``).
+HISTORY_MODES = ("eager", "compile")
 CPU_REASON = "perf is measured on GPUs only"
 #: Written next to the cells' work folders, so every worker of one run shares the ceilings.
 CEILINGS_FILE = "perf-ceilings.json"
@@ -50,7 +59,7 @@ def applies(ctx: CellContext) -> str | None:
     if ctx.device_kind != "cuda":
         return CPU_REASON
     if ctx.mode not in MODES:
-        return f"perf is measured in {' and '.join(MODES)} mode, not {ctx.mode}"
+        return f"perf is measured in {', '.join(MODES)} mode, not {ctx.mode}"
     if ctx.cell.layout == "zero_size":
         return "zero-size inputs move no data: nothing to time"
     if ctx.artifact is not None and ctx.artifact.failure is not None:
@@ -178,18 +187,44 @@ def run(ctx: CellContext) -> CheckResult:
     clocks_before = read_clocks(selector)
     with honest_allocations():
         ceilings = ceil_mod.get(index, ctx.workdir.parent / CEILINGS_FILE)
-        shapes, errors = _time_shapes(ctx, ceilings.brief())
+        shapes, errors = _time_shapes(ctx, ceilings.brief()) if ctx.mode in HISTORY_MODES else ([], [])
+        worth = _worth_it(ctx)
     details: dict[str, Any] = {
         "shapes": shapes,
+        "worth_it": worth,
         "ceilings": ceilings.brief(),
         "clocks": {"before": clocks_before, "after": read_clocks(selector)},
         "device": ceilings.device,
     }
+    errors += worth.get("errors", [])
     if errors:
         details["errors"] = errors
-    if not shapes:
-        return CheckResult(NAME, Verdict.SKIP, f"nothing timed: {errors[0]}", details)
-    return CheckResult(NAME, Verdict.PASS, summarize(shapes), details)
+    if not shapes and not worth.get("rows"):
+        return CheckResult(
+            NAME, Verdict.SKIP, f"nothing timed: {errors[0] if errors else 'no rows'}", details
+        )
+    parts = [summarize(shapes)] if shapes else []
+    if "summary" in worth:
+        parts.append("worth it? " + describe(worth["summary"], ctx.mode))
+    return CheckResult(NAME, Verdict.PASS, "; ".join(parts), details)
+
+
+def _worth_it(ctx: CellContext) -> dict[str, Any]:
+    """The worth-it record (:mod:`opgate.validators.checks.perf_worth`), timed with CUDA events."""
+    import torch
+
+    from opgate.validators.checks.perf_worth import worth_record
+    from opgate.validators.perf.timing import CHECK_TIMING, time_interleaved
+
+    device = torch.device(ctx.device)
+
+    def timer(fns: Any) -> dict[str, list[float]]:
+        return {n: t.samples_us for n, t in time_interleaved(fns, CHECK_TIMING, device).items()}
+
+    try:
+        return worth_record(ctx, timer)
+    except Exception as exc:  # noqa: BLE001 - perf never fails a cell; the record says what broke
+        return {"mode": ctx.mode, "rows": [], "errors": [f"worth-it: {describe_exception(exc)}"]}
 
 
 def _time_shapes(ctx: CellContext, ceilings: Mapping[str, float]) -> tuple[list[dict[str, Any]], list[str]]:

@@ -1,4 +1,4 @@
-"""``opgate perf {bench,study,block} --out DIR``: GPU performance commands.
+"""``opgate perf {bench,study,block,replay} --out DIR``: GPU performance commands.
 
 Each writes ``DIR/<command>.json``; ``study`` and ``block`` also their
 ``.md``, and ``bench.json`` is rendered by ``opgate bench --in DIR/bench.json``
@@ -66,9 +66,17 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--dtypes", type=_csv, default=[], help="e.g. bf16,fp16 (default: bf16, +fp16/fp32 at largest)"
     )
-    bench.add_argument("--directions", type=_csv, default=["forward", "backward"], help="forward,backward")
+    bench.add_argument(
+        "--directions",
+        type=_csv,
+        default=["forward", "backward"],
+        help="of forward,backward,forward+backward",
+    )
     bench.add_argument("--peers", type=_csv, default=[], help="keep only these peers, e.g. aten,liger")
     bench.add_argument("--dry-run", action="store_true", help="print the cases and exit (no GPU needed)")
+    bench.add_argument(
+        "--context", choices=("graph",), help="run every peer inside the correctness checks' compiled graph"
+    )
     study = sub.add_parser("study", help="A/A false alarms and planted-slowdown catch rate of the perf rule")
     study.add_argument("--op", default="rms_norm")
     study.add_argument("--impl", default="triton")
@@ -77,12 +85,16 @@ def parser() -> argparse.ArgumentParser:
     study.add_argument("--runs", type=_positive, default=20)
     study.add_argument("--history-runs", type=_positive, default=3)
     study.add_argument("--slowdown", type=_fraction, default=0.10, help="planted extra traffic (0.10 = 10%%)")
+    rep = sub.add_parser(
+        "replay", help="launch replay on the GPU: identical to the Python path, then host us/call"
+    )
+    rep.add_argument("--ops", type=_csv, default=[], help="comma-separated ops (default: every Triton op)")
     block = sub.add_parser("block", help="decoder block: opgate ops vs stock PyTorch, eager and compiled")
     for name, default in (("hidden", 2048), ("heads", 16), ("seq", 2048), ("batch", 4), ("ffn", 5632)):
         block.add_argument(f"--{name}", type=_positive, default=default)
     block.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"))
     block.add_argument("--modes", type=_csv, default=["eager", "compile"], help="eager,compile")
-    for p in (bench, study, block):
+    for p in (bench, study, block, rep):
         p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
         p.add_argument("--seed", type=int, default=0)
     return ap
@@ -100,12 +112,23 @@ def _run(args: argparse.Namespace) -> int:
         if args.dry_run:
             print("\n".join(c.label for c in cases))
             return 0
-        data = run_bench(cases, args.out, args.seed, peers=args.peers)
+        context = None
+        if args.context == "graph":
+            from opgate.validators.perf.bench import GraphContext
+
+            context = GraphContext()
+        data = run_bench(cases, args.out, args.seed, peers=args.peers, context=context)
         print(
             f"bench: {len(data['cases'])} cases in {data['wall_s']} s -> {args.out}/bench.json "
             f"(render: opgate bench --in {args.out}/bench.json)"
         )
         return 0
+    if args.command == "replay":
+        from opgate.validators.perf.replay_check import run_replay_check
+
+        data = run_replay_check(args.out, args.ops)
+        print(f"replay: {data.get('failed', 'ok')} -> {args.out}/replay.json")
+        return 1 if "failed" in data else 0
     if args.command == "study":
         from opgate.validators.perf.study import StudyConfig, run_study
 

@@ -42,9 +42,10 @@ METHOD = (
     "GB/s = the spec's cost bytes / time"
 )
 
-BENCH_SHAPES_2D: tuple[tuple[int, ...], ...] = ((8, 4096), (4096, 4096), (32768, 8192))
+BENCH_SHAPES_2D: tuple[tuple[int, ...], ...] = ((8, 4096), (4096, 4096), (32768, 8192), (65536, 4096))
 EXTRA_DTYPES_AT_LARGEST = ("fp16", "fp32")
-DIRECTIONS = ("forward", "backward")
+DIRECTIONS = ("forward", "backward", "forward+backward")
+DEFAULT_DIRECTIONS = ("forward", "backward")
 BENCH_TIMING = TimingConfig(warmup_ms=25.0, rep_ms=100.0, min_reps=10, max_reps=200)
 
 
@@ -97,6 +98,36 @@ class Context:
         return torch.compile(in_context, dynamic=False)
 
 
+@dataclass(frozen=True)
+class GraphContext(Context):
+    """The producer/consumer graph the correctness checks run compile cells in, compiled as one graph.
+
+    The graph itself is :mod:`opgate.validators.checks.opgraph`'s (defined once,
+    there); this only adapts it to a peer's signature, so a benchmark row "in
+    context" and a perf cell's worth-it row time the same code around the op.
+    """
+
+    name: str = "producer/consumer graph"
+    compile: bool = True
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        import importlib
+
+        import torch
+
+        from opgate.ops.base import SampleInput
+
+        og = importlib.import_module("opgate.validators.checks.opgraph")
+        graph = torch.compile(og.graph_of(fn), dynamic=False)
+
+        def in_graph(*args: Any, **kwargs: Any) -> Any:
+            sample = SampleInput(args=tuple(args), kwargs=dict(kwargs))
+            which = og.plan(sample)
+            return graph(which, *og.graph_inputs(sample, which), **kwargs)
+
+        return in_graph
+
+
 def first_party(specs: Mapping[str, OpSpec]) -> list[str]:
     return sorted(
         op for op, s in specs.items() if any(i.kind in FIRST_PARTY_KINDS for i in s.implementations.values())
@@ -115,7 +146,7 @@ def plan(
     ops: Sequence[str] = (),
     shapes: Sequence[tuple[int, ...]] = (),
     dtypes: Sequence[str] = (),
-    directions: Sequence[str] = DIRECTIONS,
+    directions: Sequence[str] = DEFAULT_DIRECTIONS,
 ) -> list[Case]:
     """Every case to time, in order; unknown or third-party ops are a ValueError naming the choices."""
     known = first_party(specs)
@@ -149,6 +180,13 @@ def _callable(peer: Any, samples: Sequence[Any], direction: str) -> Any:
         fn = Rotating(lambda s: peer(*s.args, **s.kwargs), [((s,), {}) for s in samples])
         fn()
         return fn
+    if direction == "forward+backward":  # one training step: forward, then autograd.grad
+        from opgate.validators.checks.perf_worth import call_for
+
+        steps = [call_for(lambda smp: peer(*smp.args, **smp.kwargs), s, direction) for s in samples]
+        step = Rotating(lambda c: c(), [((c,), {}) for c in steps])
+        step()
+        return step
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
     for s in samples:
         args = list(s.args)
@@ -308,14 +346,43 @@ def run_bench(
             print(summary_line(record), flush=True)
         del samples
         torch.cuda.empty_cache()
-    data = {
+        # written after every group: a run stopped by its time limit keeps the cases it finished
+        data = _document(info, ceil, records, missing, t0, complete=False)
+        _write(out, data)
+    data = _document(info, ceil, records, missing, t0, complete=True)
+    _write(out, data)
+    return data
+
+
+def _document(
+    info: Mapping[str, Any],
+    ceil: Any,
+    records: list[dict[str, Any]],
+    missing: Any,
+    t0: float,
+    *,
+    complete: bool,
+) -> dict[str, Any]:
+    return {
         "format": FORMAT, "info": info, "ceilings": ceil.to_json(),
         "timing": {**asdict(BENCH_TIMING), "method": METHOD}, "cases": records,
         "unavailable": missing, "wall_s": round(time.perf_counter() - t0, 1),
+        "replay": replay_status(), "complete": complete,
     }  # fmt: skip
+
+
+def _write(out: Path, data: Mapping[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(data, indent=1) + "\n")
-    return data
+    tmp = out / "bench.json.tmp"
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(out / "bench.json")
+
+
+def replay_status() -> dict[str, Any]:
+    """Whether opgate's Triton ops ran on the launch-replay path in this run (and how often)."""
+    from opgate.ops import _replay
+
+    return _replay.status()
 
 
 def summary_line(record: Mapping[str, Any]) -> str:

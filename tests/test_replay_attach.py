@@ -1,0 +1,69 @@
+"""attach() never blocks an import on a compiler: without a cached build it builds in the background.
+
+The library itself is stood in for (building it takes minutes; tests/test_replay.py
+builds and exercises the real one where torch has CUDA headers): what is tested
+is the attach bookkeeping — an op attached while the build runs is registered
+once it is loaded, one attached after is registered at once, and a failed build
+leaves every op on its Python path with the reason.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from opgate.ops import _replay as replay
+
+
+class FakeLib:
+    def __init__(self) -> None:
+        self.registered: list[str] = []
+
+    def opgate_replay_register(self, qualname: bytes, *args: Any) -> int:
+        self.registered.append(qualname.decode())
+        return 0
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setattr(replay, "_STATE", {"lib": None, "why": None})
+    monkeypatch.setattr(replay, "_IMPLS", {})
+    monkeypatch.setattr(replay, "_PENDING", [])
+    monkeypatch.setattr(replay, "_unavailable", lambda: None)
+    monkeypatch.setattr(replay, "_cached", lambda: False)
+    gate = threading.Event()
+    fake = FakeLib()
+
+    def slow_load() -> None:
+        assert gate.wait(10), "the test never released the build"
+        replay._STATE["lib"] = fake
+
+    monkeypatch.setattr(replay, "_load", slow_load)
+    return {"gate": gate, "lib": fake}
+
+
+def test_ops_attached_during_the_build_are_registered_when_it_is_loaded(fresh: dict[str, Any]) -> None:
+    assert replay.attach("ns::first", lambda: None) is False  # build started, import not blocked
+    assert replay.attach("ns::second", lambda: None) is False
+    assert fresh["lib"].registered == []
+    fresh["gate"].set()
+    replay._STATE["thread"].join(10)
+    assert fresh["lib"].registered == ["ns::first", "ns::second"]
+    assert replay.attach("ns::third", lambda: None) is True  # after the build: at once
+    assert fresh["lib"].registered == ["ns::first", "ns::second", "ns::third"]
+
+
+def test_a_failed_build_leaves_the_python_path_with_the_reason(
+    fresh: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing_load() -> None:
+        replay._STATE["why"] = "CudaBuildError: nvcc exploded"
+
+    monkeypatch.setattr(replay, "_load", failing_load)
+    assert replay.attach("ns::op", lambda: None) is False
+    replay._STATE["thread"].join(10)
+    assert replay.attach("ns::op", lambda: None) is False
+    assert replay.status()["why_not"] == "CudaBuildError: nvcc exploded"
+    assert replay._PENDING == []
