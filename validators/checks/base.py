@@ -11,6 +11,7 @@ or one crashing op never takes the other checks of the cell down.
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -50,11 +51,6 @@ def always(ctx: CellContext) -> str | None:
     return None
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    return lines[0] if lines else ""
-
-
 def root_cause(exc: BaseException) -> BaseException:
     """The innermost exception of the chain: ``raise ... from`` causes, else the implicit context.
 
@@ -62,31 +58,68 @@ def root_cause(exc: BaseException) -> BaseException:
     raises ``TorchRuntimeError(...) from None`` around the very error whose
     message names the fix.
     """
+    return list(_chain(exc))[-1]
+
+
+#: Where the informative part of a PyTorch message ends: stacks, logging advice, links, debug dumps.
+_MESSAGE_ENDS = re.compile(
+    r"^(from user code:|Set TORCH|For (more|extended|even more|C\+\+)|User Stack|Developer debug context"
+    r"|If you suspect|You can suppress|The above exception|Traceback|While executing|Original traceback)"
+)
+#: Lines inside the informative part that are stack frames or source carets, not prose.
+_FRAME = re.compile(r'^(File "|\(snipped|\^+$|~+$)')
+#: Wrappers kept between an exception and its root cause (the root is always kept).
+MAX_CAUSES = 2
+
+
+def _message_lines(exc: BaseException) -> list[str]:
+    """The informative lines of one exception's message: the first, then its explanation and hints."""
+    lines: list[str] = []
+    for raw in str(exc).strip().splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if lines and _MESSAGE_ENDS.match(line):
+            break
+        if not _FRAME.match(line):
+            lines.append(line)
+    return lines
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, the exceptions it was raised from (cause, else context, even if suppressed), the root last."""
     seen = {id(exc)}
+    chain = [exc]
     while True:
-        nxt = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+        current = chain[-1]
+        nxt = current.__cause__ if current.__cause__ is not None else current.__context__
         if nxt is None or id(nxt) in seen:
-            return exc
-        exc = nxt
-        seen.add(id(exc))
+            return chain
+        seen.add(id(nxt))
+        chain.append(nxt)
 
 
-def describe_exception(exc: BaseException, limit: int = 600) -> str:
-    """``Type: first line of the message``, plus the root cause's first line when it says more.
+def describe_exception(exc: BaseException, limit: int = 900) -> str:
+    """``Type: message`` with PyTorch's explanation and hint kept, and the root cause it wraps.
 
-    Dynamo and Inductor wrap the error that matters: "RuntimeError when making
-    fake tensor call" carries, as its cause, PyTorch's actionable message
-    ("Cannot access data pointer of Tensor (e.g. FakeTensor ...) ... wrap the
-    custom kernel into an opaque custom op").  The wrapper's first line alone
-    names no fix, so the cause is kept beside it.  The full traceback goes to
-    the cell log.
+    PyTorch puts the actionable part after the first line ("RuntimeError when
+    making fake tensor call" / "Explanation: ... There was no fake impl
+    registered ... Please use `register_fake`" / "Hint: ..."), or in the
+    exception it was raised from ("Cannot access data pointer of Tensor ...
+    wrap the custom kernel into an opaque custom op"); both are kept, stacks and
+    logging advice are dropped, and the whole stays under ``limit`` characters.
+    The full traceback goes to the cell log.
     """
-    first = _first_line(exc)
-    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    root = root_cause(exc)
-    cause = _first_line(root)
-    if root is not exc and cause and cause not in text:
-        text += f" (caused by {type(root).__name__}: {cause})"
+    chain = _chain(exc)
+    kept = chain[: 1 + MAX_CAUSES] + ([chain[-1]] if len(chain) > 1 + MAX_CAUSES else [])
+    parts: list[str] = []
+    for i, e in enumerate(kept):
+        lines = [ln for ln in _message_lines(e) if not any(ln in p for p in parts)]
+        if i and not lines:
+            continue  # a cause that adds nothing new
+        text = "; ".join(lines)
+        parts.append(f"{type(e).__name__}: {text}" if text else type(e).__name__)
+    text = " <- caused by ".join(parts)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -1,5 +1,7 @@
 """compile: the op under ``torch.compile(fullgraph=True)``, graphs and recompiles counted.
 
+What is compiled is the op inside a small graph, a producer of its inputs and
+a consumer of its outputs (:mod:`validators.checks.opgraph`), as in a model.
 The cell's shared compiled function is called once per shape of the shape set
 (in the cell's layout), reading Dynamo's own counters around each call:
 
@@ -27,6 +29,7 @@ from opgate.ops.base import SampleInput
 from opgate.validators.checks.artifacts import ArtifactError, Compiled
 from opgate.validators.checks.base import Check, describe_exception
 from opgate.validators.checks.context import CellContext
+from opgate.validators.checks.opgraph import graph_inputs, plan
 from opgate.validators.result import CheckResult, Verdict
 
 NAME = "compile"
@@ -50,13 +53,14 @@ def break_reasons() -> list[str]:
     return [str(r).splitlines()[0][:300] for r in counters["graph_break"]]
 
 
-def count_breaks(ctx: CellContext) -> dict[str, Any]:
+def count_breaks(ctx: CellContext, artifact: Compiled) -> dict[str, Any]:
     """Diagnostics after a fullgraph failure: how many breaks a plain compile takes (and why)."""
     before = graph_breaks()
-    fn = torch.compile(ctx.op, dynamic=True if ctx.spec.dynamic_shapes else None)
+    fn = torch.compile(artifact.graph, dynamic=True if ctx.spec.dynamic_shapes else None)
     sample = ctx.inputs()[0]
+    which = plan(sample)
     try:
-        fn(*sample.args, **sample.kwargs)
+        fn(which, *graph_inputs(sample, which), **sample.kwargs)
     except Exception as exc:  # noqa: BLE001 - diagnostics only; the fullgraph failure is the verdict
         return {"plain_compile": describe_exception(exc), "graph_breaks": graph_breaks() - before}
     return {"plain_compile": "ran", "graph_breaks": graph_breaks() - before, "break_reasons": break_reasons()}
@@ -101,6 +105,8 @@ def _call(artifact: Compiled, sample: SampleInput) -> str:
 def applies(ctx: CellContext) -> str | None:
     if not isinstance(ctx.artifact, Compiled):
         return f"mode {ctx.mode} has no compiled function"
+    if ctx.artifact.failure is not None:
+        return f"not compiled: {ctx.artifact.failure}"
     return None
 
 
@@ -123,7 +129,7 @@ def run(ctx: CellContext) -> CheckResult:
                 "shape": list(shape),
                 "error": str(exc),
                 "dynamic": artifact.dynamic,
-                **count_breaks(ctx),
+                **count_breaks(ctx, artifact),
             }
             return CheckResult(NAME, Verdict.FAIL, f"fullgraph compile failed: {exc}", failed)
         if error:
