@@ -1,6 +1,7 @@
 """Print the zoo's verdict cases as cell ids for a GPU arch, one glob per line.
 
-The zoo's expected verdicts (tests/test_zoo.py CASES) are device-independent:
+The zoo's expected verdicts (tests/test_zoo.py CASES) are device-independent,
+except the cases marked for one device (cudagraphs cells run on GPUs only):
 the same planted fault must get the same verdict from the same check on an
 sm_90 GPU.  ``python -m tests.zoo.gpu_cases sm_90 13.0`` lists those cells so a
 GPU runner can validate them with ``--select @file`` semantics (one per line),
@@ -19,6 +20,8 @@ def main(argv: list[str]) -> int:
     arch, cuda = argv[0], argv[1]
     expect = "--expect" in argv
     for case in CASES:
+        if case.device == "cpu":
+            continue
         cell = dataclasses.replace(case.cell(), arch=arch, cuda=cuda)
         print(f"{cell.id} {case.verdict} {case.check or '-'}" if expect else cell.id)
     return 0

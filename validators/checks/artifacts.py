@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 
 from opgate.ops.base import SampleInput
 from opgate.validators.checks.base import describe_exception
-from opgate.validators.checks.opgraph import Plan, graph_inputs, in_graph, plan
+from opgate.validators.checks.opgraph import Plan, graph_inputs, graph_of, plan
 from opgate.validators.profiling import harness
 
 
@@ -74,21 +74,30 @@ class Compiled(Artifact):
     mode = "compile"
     compile_mode: str | None = None
 
-    def __init__(self, op: Callable[..., Any], dynamic: bool) -> None:
+    def __init__(self, op: Callable[..., Any], dynamic: bool, *, in_graph: bool = True) -> None:
         super().__init__(op)
         self.dynamic = dynamic
-        self.graph = in_graph(op)
+        self.in_graph = in_graph
+        self.graph = graph_of(op)
         self.fn = torch.compile(
-            self.graph, fullgraph=True, dynamic=True if dynamic else None, mode=self.compile_mode
+            self.graph if in_graph else op,
+            fullgraph=True,
+            dynamic=True if dynamic else None,
+            mode=self.compile_mode,
         )
         self.compiled_once = False
+
+    def _call(self, sample: SampleInput) -> Any:
+        if not self.in_graph:
+            return self.fn(*sample.args, **sample.kwargs)
+        which, args = _graph_args(sample)
+        return self.fn(which, *args, **sample.kwargs)
 
     def __call__(self, sample: SampleInput) -> Any:
         if self.failure is not None:
             raise ArtifactError(self.failure)
-        which, args = _graph_args(sample)
         try:
-            out = self.fn(which, *args, **sample.kwargs)
+            out = self._call(sample)
         except Exception as exc:
             if is_compile_failure(exc):
                 self.failure = describe_exception(exc)
@@ -120,7 +129,7 @@ class _TensorArgs(torch.nn.Module):
 
     def __init__(self, op: Callable[..., Any], sample: SampleInput, which: Plan | None) -> None:
         super().__init__()
-        self.op = op if which is None else in_graph(op)
+        self.op = op if which is None else graph_of(op)
         self.which = which
         self.template = list(sample.args)
         self.slots = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor)]

@@ -129,7 +129,7 @@ def judge(ctx: CellContext, obs: Observed, ref_copies: list[str], empty_input: b
     kind = ctx.device_kind
     rule = ctx.impl.evidence_for(kind, ctx.mode)
     expect_hits = match(obs.seen, rule.expect)
-    waived = empty_input and launched_nothing(obs.seen, kind)
+    waived = empty_input and launched_nothing(obs.ran, kind)
     missing = [] if waived else [p for p, hits in expect_hits.items() if not hits]
     forbidden = {p: hits for p, hits in match(obs.seen, rule.forbid).items() if hits}
     realigned = realignment_copies(obs.copies, misaligned_spans(obs.sample)) if ctx.mode == "compile" else []

@@ -16,8 +16,9 @@ same function (eagerly) for the numbers.
   for bool), a kernel generated from the fake impl's description of it.
 
 Negation is exact in every dtype (twice is the identity, NaN stays NaN), so
-the numbers, their float64 oracle and the poisoned-allocation NaNs are those of
-the op alone.  The kernels the context adds are harness work: evidence leaves
+the op reads exactly the cell's inputs and its outputs come back negated, as
+do the reference's and the float64 oracle's: every error, and every
+poisoned-allocation NaN, is the op's own.  The kernels the context adds are harness work: evidence leaves
 them out (:func:`is_context_event`), by the names Inductor gives them
 (``[graph_N_]cpp_fused_neg_0``, ``triton_poi_fused_neg_<op>_1``: the fused
 aten ops, sorted, where the op's own name appears for the buffers it reads) and,
@@ -77,7 +78,7 @@ def graph_inputs(sample: SampleInput, which: Plan) -> tuple[Any, ...]:
     return tuple(_flip(a) if p else a for a, p in zip(sample.args, which, strict=True))
 
 
-def in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
+def graph_of(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``graph(which, *args, **kwargs)``: produce the arguments ``which`` marks, call ``fn``, consume."""
 
     def graph(which: Plan, *args: Any, **kwargs: Any) -> Any:
@@ -90,7 +91,7 @@ def in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def run_eagerly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` with its own signature, run through the same context without compiling (the reference)."""
-    graph = in_graph(fn)
+    graph = graph_of(fn)
 
     def through_context(*args: Any, **kwargs: Any) -> Any:
         sample = SampleInput(args=tuple(args), kwargs=dict(kwargs))
