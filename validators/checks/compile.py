@@ -29,7 +29,6 @@ from opgate.ops.base import SampleInput
 from opgate.validators.checks.artifacts import ArtifactError, Compiled
 from opgate.validators.checks.base import Check, describe_exception
 from opgate.validators.checks.context import CellContext
-from opgate.validators.checks.opgraph import graph_inputs, plan
 from opgate.validators.result import CheckResult, Verdict
 
 NAME = "compile"
@@ -53,14 +52,17 @@ def break_reasons() -> list[str]:
     return [str(r).splitlines()[0][:300] for r in counters["graph_break"]]
 
 
-def count_breaks(ctx: CellContext, artifact: Compiled) -> dict[str, Any]:
-    """Diagnostics after a fullgraph failure: how many breaks a plain compile takes (and why)."""
+def count_breaks(ctx: CellContext) -> dict[str, Any]:
+    """Diagnostics after a fullgraph failure: how many breaks a plain compile of the op alone takes (and why).
+
+    The op alone, not its graph: a break inside a called function also breaks
+    the caller's frame, and the count is about the op.
+    """
     before = graph_breaks()
-    fn = torch.compile(artifact.graph, dynamic=True if ctx.spec.dynamic_shapes else None)
+    fn = torch.compile(ctx.op, dynamic=True if ctx.spec.dynamic_shapes else None)
     sample = ctx.inputs()[0]
-    which = plan(sample)
     try:
-        fn(which, *graph_inputs(sample, which), **sample.kwargs)
+        fn(*sample.args, **sample.kwargs)
     except Exception as exc:  # noqa: BLE001 - diagnostics only; the fullgraph failure is the verdict
         return {"plain_compile": describe_exception(exc), "graph_breaks": graph_breaks() - before}
     return {"plain_compile": "ran", "graph_breaks": graph_breaks() - before, "break_reasons": break_reasons()}
@@ -129,7 +131,7 @@ def run(ctx: CellContext) -> CheckResult:
                 "shape": list(shape),
                 "error": str(exc),
                 "dynamic": artifact.dynamic,
-                **count_breaks(ctx, artifact),
+                **count_breaks(ctx),
             }
             return CheckResult(NAME, Verdict.FAIL, f"fullgraph compile failed: {exc}", failed)
         if error:

@@ -98,6 +98,12 @@ def applies(ctx: CellContext) -> str | None:
     return None
 
 
+def _seen_shape(sample: Any, shape: tuple[int, ...]) -> list[int]:
+    """The shape the op really saw (a zero-size layout empties the spec's shape)."""
+    first = next((a for a in sample.args if isinstance(a, torch.Tensor)), None)
+    return list(first.shape) if first is not None else list(shape)
+
+
 def run(ctx: CellContext) -> CheckResult:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -110,7 +116,7 @@ def run(ctx: CellContext) -> CheckResult:
             return CheckResult(
                 NAME,
                 Verdict.SKIP,
-                f"the op raised on real inputs of shape {list(shape)} ({describe_exception(exc)}); "
+                f"the op raised on real inputs of shape {_seen_shape(sample, shape)} ({describe_exception(exc)}); "
                 "correctness reports it",
                 {"compared": compared},
             )
@@ -131,7 +137,7 @@ def run(ctx: CellContext) -> CheckResult:
         found = mismatches(fake, real)
         compared.append({"shape": list(shape), "mismatches": found})
         if found:
-            reason = "; ".join(found) + f" (shape {list(shape)})"
+            reason = "; ".join(found) + f" (shape {_seen_shape(sample, shape)})"
             if ctx.artifact is not None and ctx.artifact.mode != "eager":
                 ctx.artifact.failure = f"the fake impl misdescribes the op's output ({found[0]})"
             return CheckResult(NAME, Verdict.FAIL, reason, {"compared": compared})

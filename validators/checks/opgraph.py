@@ -13,12 +13,14 @@ same function (eagerly) for the numbers.
   so the op reads a tensor the graph computed, as in a model.  An argument in
   any other layout enters as it is: the cell's layout is what the op sees.
 * consumer: every tensor output is negated inside the graph (``logical_not``
-  for bool), a kernel generated from the fake impl's description of it.
+  for bool), a kernel generated from the fake impl's description of it.  The
+  graph returns ``(outputs, consumed outputs)``: the outputs themselves too,
+  or Inductor would drop an op whose consumer reads nothing (an empty batch).
 
 Negation is exact in every dtype (twice is the identity, NaN stays NaN), so
-the op reads exactly the cell's inputs and its outputs come back negated, as
-do the reference's and the float64 oracle's: every error, and every
-poisoned-allocation NaN, is the op's own.  The kernels the context adds are harness work: evidence leaves
+the op reads exactly the cell's inputs, and both halves of what the graph
+returns carry the op's own errors and poisoned-allocation NaNs; the reference
+and its float64 oracle return the same pair.  The kernels the context adds are harness work: evidence leaves
 them out (:func:`is_context_event`), by the names Inductor gives them
 (``[graph_N_]cpp_fused_neg_0``, ``triton_poi_fused_neg_<op>_1``: the fused
 aten ops, sorted, where the op's own name appears for the buffers it reads) and,
@@ -83,7 +85,8 @@ def graph_of(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def graph(which: Plan, *args: Any, **kwargs: Any) -> Any:
         produced = [_flip(a) if p else a for a, p in zip(args, which, strict=True)]
-        return pytree.tree_map(_flip, fn(*produced, **kwargs))
+        out = fn(*produced, **kwargs)
+        return out, pytree.tree_map(_flip, out)
 
     graph.__name__ = graph.__qualname__ = f"in_graph_{getattr(fn, '__name__', 'op')}"
     return graph
