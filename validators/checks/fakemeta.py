@@ -116,8 +116,8 @@ def run(ctx: CellContext) -> CheckResult:
             return CheckResult(
                 NAME,
                 Verdict.SKIP,
-                f"the op raised on real inputs of shape {_seen_shape(sample, shape)} ({describe_exception(exc)}); "
-                "correctness reports it",
+                f"the op raised on real inputs of shape {_seen_shape(sample, shape)} "
+                f"({describe_exception(exc)}); correctness reports it",
                 {"compared": compared},
             )
         mode = FakeTensorMode()
