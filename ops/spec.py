@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opgate.matrix.cell import ARCHES, Cell
 from opgate.matrix.errors import ConfigError, ConfigErrors, Location, UsageError
 from opgate.matrix.files import MAX_YAML_BYTES, read_bytes
 from opgate.matrix.schema import (
@@ -30,6 +29,7 @@ from opgate.matrix.schema import (
 from opgate.matrix.yamlload import YMap, YNode, load_yaml
 from opgate.ops import cost
 from opgate.ops.spec_refs import import_root, reference_problems
+from opgate.ops.spec_evidence import evidence_checks
 from opgate.ops.spec_schema import (
     CONTROL_IMPL,
     DEVICE_KINDS,
@@ -236,88 +236,7 @@ def _impl_checks(
     _binaries_checks(name, raw, line, problems)
     ev = raw.get("evidence")
     if valid(ev) and isinstance(ev, dict):
-        _evidence_checks(name, raw, op, ev, where=line("evidence"), problems=problems)
-
-
-def _evidence_checks(
-    name: str,
-    raw: dict[str, Any],
-    op: dict[str, Any],
-    ev: dict[str, Any],
-    *,
-    where: Location,
-    problems: Problems,
-) -> None:
-    rules = [ev.get(dk) or {} for dk in DEVICE_KINDS] + [
-        r for m in ev.get("modes", {}).values() for r in m.values()
-    ]
-    if not any(r.get("expect") for r in rules):
-        problems.add(
-            where,
-            f"implementations.{name}.evidence: no expect pattern",
-            "the fallback check needs the op event (cpu) or kernel name (cuda) that proves it ran",
-        )
-    else:
-        _gpu_evidence_checks(name, raw, op, ev, where=where, problems=problems)
-
-
-def _gpu_evidence_checks(
-    name: str,
-    raw: dict[str, Any],
-    op: dict[str, Any],
-    ev: dict[str, Any],
-    *,
-    where: Location,
-    problems: Problems,
-) -> None:
-    """Every GPU cell the implementation runs must have a cuda ``expect`` rule to check.
-
-    A GPU cell whose kernel names were never checked would pass on numbers
-    alone, the silent fallback opgate exists to catch, so such a spec is
-    refused.  Modes whose GPU cells are all declared ``unsupported`` (a CPU-only
-    implementation) need no rule.
-    """
-    default = (ev.get("cuda") or {}).get("expect")
-    modes = raw.get("modes", op.get("modes"))
-    if not (isinstance(modes, list) and valid(modes)):
-        return
-    lacking = [
-        m
-        for m in modes
-        if m != "build"
-        and not ((ev.get("modes", {}).get(m, {}).get("cuda") or {}).get("expect", default))
-        and not _gpu_cells_unsupported(name, raw, op, m)
-    ]
-    if lacking:
-        problems.add(
-            where,
-            f"implementations.{name}.evidence: no cuda expect pattern for mode(s) {', '.join(lacking)}: "
-            "their GPU cells would pass without a kernel-name check",
-            "add evidence.cuda.expect with the kernel name that proves the op ran on a GPU (a GPU cell lists "
-            "the names it saw under 'kernels'), or declare those GPU cells unsupported",
-        )
-
-
-def _gpu_cells_unsupported(name: str, raw: dict[str, Any], op: dict[str, Any], mode: str) -> bool:
-    """True when ``unsupported`` globs cover every GPU cell of ``mode`` (any torch, CUDA, arch)."""
-    globs = [
-        u["match"]
-        for u in raw.get("unsupported", [])
-        if isinstance(u, dict) and isinstance(u.get("match"), str)
-    ]
-    if not globs:
-        return False
-    dtypes = raw.get("dtypes", op.get("dtypes")) or []
-    layouts = raw.get("layouts", op.get("layouts")) or []
-    ids = [
-        Cell(
-            op=str(op.get("op")), impl=name, torch="0.0", cuda="0.0", arch=a, dtype=d, layout=lay, mode=mode
-        ).id
-        for a in ARCHES[1:]
-        for d in dtypes
-        for lay in layouts
-    ]
-    return bool(ids) and all(any(fnmatch.fnmatchcase(i, g) for g in globs) for i in ids)
+        evidence_checks(name, raw, op, ev, where=line("evidence"), problems=problems)
 
 
 def _binaries_checks(name: str, raw: dict[str, Any], line: Any, problems: Problems) -> None:

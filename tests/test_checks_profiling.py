@@ -148,7 +148,7 @@ def test_witness_sees_tensor_only_custom_ops_and_not_decompositions() -> None:
     """torch 2.14's profiler drops Tensor-only custom ops; the body witness must not."""
     import torch
 
-    from opgate.validators.profiling import executed_custom_ops
+    from opgate.validators.witness import executed_custom_ops
 
     lib = torch.library.Library("opgate_dispatch_test", "FRAGMENT")
     lib.define("decomposed(Tensor a) -> Tensor")
@@ -168,7 +168,7 @@ def test_witness_sees_tensor_only_custom_ops_and_not_decompositions() -> None:
 def test_executed_custom_ops_witnesses_the_body_inside_a_compiled_program() -> None:
     import torch
 
-    from opgate.validators.profiling import executed_custom_ops
+    from opgate.validators.witness import executed_custom_ops
 
     @torch.library.custom_op("opgate_exec_test::double", mutates_args=())
     def double(a: torch.Tensor) -> torch.Tensor:

@@ -27,13 +27,8 @@ from typing import TYPE_CHECKING, Any
 from opgate.validators.checks.artifacts import Artifact, Exported
 from opgate.validators.checks.context import call
 from opgate.validators.checks.opgraph import CONTEXT_EVENTS, context_kernel_matcher, is_context_event
-from opgate.validators.profiling import (
-    Trace,
-    executed_custom_ops,
-    graph_copies,
-    matches,
-    profile_call,
-)
+from opgate.validators.profiling import Trace, graph_copies, matches, profile_call
+from opgate.validators.witness import executed_custom_ops
 
 if TYPE_CHECKING:
     from opgate.ops.base import SampleInput
