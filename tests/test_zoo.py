@@ -309,3 +309,22 @@ def test_segfault_and_hang_are_errors_through_the_runner(tmp_path: Path) -> None
     assert "timeout" in by_op["zoo_hang"]["reason"]
     assert by_op["zoo_good"]["verdict"] == "pass"
     assert proc.returncode != 0  # a red gate
+
+
+def test_gpu_run_is_checked_against_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpu_cases --check`` names each GPU cell whose verdict or deciding check differs from CASES."""
+    from tests.zoo.gpu_cases import check
+
+    results = tmp_path / "results.json"
+    cells = [
+        {"id": "a", "verdict": "fallback", "checks": [{"name": "evidence", "status": "fallback"}]},
+        {"id": "b", "verdict": "fail", "checks": [{"name": "correctness", "status": "fail"}], "reason": "x"},
+    ]
+    results.write_text(json.dumps({"cells": cells}))
+    expected = [("a", "fallback", "evidence"), ("b", "fail", "fake_meta"), ("c", "pass", None)]
+    assert check(results, expected) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS b" in out
+    assert "MISSING c" in out
+    assert "1/3 cases as expected" in out
+    assert check(results, expected[:1]) == 0
