@@ -26,7 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from opgate.validators.checks.artifacts import Artifact, Exported
 from opgate.validators.checks.context import call
-from opgate.validators.checks.opgraph import CONTEXT_EVENTS, context_kernel_matcher, is_context_event
+from opgate.validators.checks.opgraph import (
+    CONTEXT_EVENTS,
+    GRAPH_MODES,
+    context_kernel_matcher,
+    is_context_event,
+)
 from opgate.validators.profiling import Trace, graph_copies, matches, profile_call
 from opgate.validators.witness import executed_custom_ops
 
@@ -76,10 +81,16 @@ class Observed:
     realigned: list[str] = field(default_factory=list)
 
 
-def _device_names(trace: Trace, replay: bool) -> tuple[list[str], list[str]]:
-    """(kernel names that count, kernel names run outside the CUDA graph when ``replay``)."""
+def _device_names(trace: Trace, replay: bool, in_context: bool) -> tuple[list[str], list[str]]:
+    """(kernel names that count, kernel names run outside the CUDA graph when ``replay``).
+
+    Kernels launched by the context's eager ``aten::neg`` (an exported program
+    run node by node) are the context's, not the op's.
+    """
     context_ids = {
-        e.external_id for e in trace.host if e.name in CONTEXT_EVENTS and e.external_id is not None
+        e.external_id
+        for e in trace.host
+        if in_context and e.name in CONTEXT_EVENTS and e.external_id is not None
     }
     names, outside = [], []
     for k in trace.kernels:
@@ -116,11 +127,12 @@ def observe(
         )
     outside: list[str] = []
     if kind == "cuda":
-        names, outside = _device_names(trace, replay)
+        names, outside = _device_names(trace, replay, ctx.mode in GRAPH_MODES)
     else:
         names = [e.name for e in trace.host]
     is_context_kernel = context_kernel_matcher(ctx.impl.qualname)
-    context = list(dict.fromkeys(n for n in names if is_context_event(n, is_context_kernel)))
+    in_context = ctx.mode in GRAPH_MODES  # only these cells run the op inside its graph
+    context = list(dict.fromkeys(n for n in names if in_context and is_context_event(n, is_context_kernel)))
     seen = list(
         dict.fromkeys(
             n for n in names if n not in context and not any(matches(n, p) for p in INSTRUMENTATION_KERNELS)
