@@ -28,8 +28,8 @@ from opgate.matrix.schema import (
 )
 from opgate.matrix.yamlload import YMap, YNode, load_yaml
 from opgate.ops import cost
-from opgate.ops.spec_refs import import_root, reference_problems
 from opgate.ops.spec_evidence import evidence_checks
+from opgate.ops.spec_refs import import_root, reference_problems
 from opgate.ops.spec_schema import (
     CONTROL_IMPL,
     DEVICE_KINDS,
