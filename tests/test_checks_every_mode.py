@@ -231,9 +231,9 @@ def test_describe_exception_keeps_pytorchs_explanation_hint_and_cause() -> None:
     except ValueError as exc:
         text = describe_exception(exc)
     assert text == (
-        "ValueError: RuntimeError when making fake tensor call; Explanation: Dynamo failed to run FX node; "
-        "Hint: check eager <- caused by RuntimeError: There was no fake impl registered for <op>. "
-        "Please use `register_fake`."
+        "ValueError: RuntimeError when making fake tensor call (caused by RuntimeError: There was no fake "
+        "impl registered for <op>. Please use `register_fake`.); Explanation: Dynamo failed to run FX node; "
+        "Hint: check eager"
     )
     assert len(describe_exception(ValueError("x" * 5000))) == 900
 

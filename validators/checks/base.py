@@ -100,26 +100,28 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 def describe_exception(exc: BaseException, limit: int = 900) -> str:
-    """``Type: message`` with PyTorch's explanation and hint kept, and the root cause it wraps.
+    """``Type: first line (caused by Root: its message); explanation; hint`` within ``limit`` characters.
 
-    PyTorch puts the actionable part after the first line ("RuntimeError when
-    making fake tensor call" / "Explanation: ... There was no fake impl
-    registered ... Please use `register_fake`" / "Hint: ..."), or in the
-    exception it was raised from ("Cannot access data pointer of Tensor ...
-    wrap the custom kernel into an opaque custom op"); both are kept, stacks and
-    logging advice are dropped, and the whole stays under ``limit`` characters.
-    The full traceback goes to the cell log.
+    Dynamo and Inductor wrap the error that matters: "RuntimeError when making
+    fake tensor call" carries, as its root cause, PyTorch's actionable message
+    ("Cannot access data pointer of Tensor (e.g. FakeTensor ...) ... wrap the
+    custom kernel into an opaque custom op"), and after its first line the
+    explanation and hint ("Explanation: ... There was no fake impl registered
+    ... Please use `register_fake`" / "Hint: ...").  All of it is kept, the
+    root cause right after the first line; stacks and logging advice are
+    dropped.  The full traceback goes to the cell log.
     """
     chain = _chain(exc)
-    kept = chain[: 1 + MAX_CAUSES] + ([chain[-1]] if len(chain) > 1 + MAX_CAUSES else [])
-    parts: list[str] = []
-    for i, e in enumerate(kept):
-        lines = [ln for ln in _message_lines(e) if not any(ln in p for p in parts)]
-        if i and not lines:
-            continue  # a cause that adds nothing new
-        text = "; ".join(lines)
-        parts.append(f"{type(e).__name__}: {text}" if text else type(e).__name__)
-    text = " <- caused by ".join(parts)
+    outer, root = chain[0], chain[-1]
+    lines = _message_lines(outer)
+    text = f"{type(outer).__name__}: {lines[0]}" if lines else type(outer).__name__
+    root_lines = _message_lines(root) if root is not outer else []
+    if root_lines and root_lines != lines:
+        text += f" (caused by {type(root).__name__}: {'; '.join(root_lines)})"
+    rest = lines[1:] + [ln for e in chain[1:-1][:MAX_CAUSES] for ln in _message_lines(e)]
+    rest = [ln for ln in dict.fromkeys(rest) if ln not in text]
+    if rest:
+        text += "; " + "; ".join(rest)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
