@@ -51,16 +51,6 @@ def always(ctx: CellContext) -> str | None:
     return None
 
 
-def root_cause(exc: BaseException) -> BaseException:
-    """The innermost exception of the chain: ``raise ... from`` causes, else the implicit context.
-
-    The context counts even where a wrapper suppressed it for display: Dynamo
-    raises ``TorchRuntimeError(...) from None`` around the very error whose
-    message names the fix.
-    """
-    return list(_chain(exc))[-1]
-
-
 #: Where the informative part of a PyTorch message ends: stacks, logging advice, links, debug dumps.
 _MESSAGE_ENDS = re.compile(
     r"^(from user code:|Set TORCH|For (more|extended|even more|C\+\+)|User Stack|Developer debug context"
@@ -87,7 +77,12 @@ def _message_lines(exc: BaseException) -> list[str]:
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc``, the exceptions it was raised from (cause, else context, even if suppressed), the root last."""
+    """``exc``, the exceptions it was raised from, the root cause last.
+
+    The cause, else the implicit context, even where a wrapper suppressed it
+    for display: Dynamo raises ``TorchRuntimeError(...) from None`` around the
+    very error whose message names the fix.
+    """
     seen = {id(exc)}
     chain = [exc]
     while True:
