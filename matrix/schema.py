@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opgate.matrix.errors import ConfigError, ConfigErrors, Location
-from opgate.matrix.yamlload import YMap, YNode, YScalar, YSeq
+from opgate.matrix.yamlload import YMap, YNode, YScalar, YSeq, yaml11_boolean
 
 
 class _Invalid:
@@ -39,6 +39,8 @@ class Problems:
     """Every error found in one file, raised together."""
 
     errors: list[ConfigError] = field(default_factory=list)
+    #: YAML 1.1 boolean words a schema took as names (ids of the scalars; see :func:`validate`)
+    accepted_words: set[int] = field(default_factory=set)
 
     def add(self, where: Location | None, problem: str, hint: str | None = None) -> None:
         self.errors.append(ConfigError(problem, where, hint))
@@ -97,7 +99,11 @@ class Schema:
 
 
 class Str(Schema):
-    """A string, optionally matching ``pattern`` and an extra ``check`` (returns a problem)."""
+    """A string, optionally matching ``pattern`` and an extra ``check`` (returns a problem).
+
+    ``words``: the value is a name, so an unquoted YAML 1.1 boolean word (``N``,
+    ``on``) is taken as that name; elsewhere such a word is refused.
+    """
 
     def __init__(
         self,
@@ -105,13 +111,18 @@ class Str(Schema):
         pattern: str | None = None,
         hint: str | None = None,
         check: Callable[[str], str | None] | None = None,
+        *,
+        words: bool = False,
     ) -> None:
         self.label = label
         self.pattern = re.compile(pattern) if pattern else None
         self.hint = hint
         self.check = check
+        self.words = words
 
     def validate(self, node: YNode, path: str, problems: Problems) -> Any:
+        if self.words and isinstance(node, YScalar) and node.word:
+            problems.accepted_words.add(id(node))
         if not isinstance(node, YScalar) or not isinstance(node.value, str):
             hint = None
             if isinstance(node, YScalar) and node.value is not None:  # 12.10, 2024, true: YAML typed it
@@ -337,6 +348,28 @@ def validate(schema: Schema, node: YNode, problems: Problems) -> Any:
 
     Containers come back even when parts are wrong (bad parts are ``INVALID``),
     so callers can still run cross-field checks on the valid parts and report
-    everything at once.
+    everything at once.  YAML 1.1 boolean words the loader kept (``defer_words``)
+    are errors unless the schema took them as names; each replaces whatever
+    else was said about its line.
     """
-    return schema.validate(node, "", problems)
+    value = schema.validate(node, "", problems)
+    words = [(w, is_key) for w, is_key in _words(node) if id(w) not in problems.accepted_words]
+    if words:
+        lines = {w.where for w, _ in words}
+        problems.errors = [e for e in problems.errors if e.where not in lines]
+        problems.errors += [yaml11_boolean(w.raw, w.where, is_key=is_key) for w, is_key in words]
+    return value
+
+
+def _words(node: YNode) -> list[tuple[YScalar, bool]]:
+    """Every YAML 1.1 boolean word in the tree, with whether it is a mapping key."""
+    if isinstance(node, YScalar):
+        return [(node, False)] if node.word else []
+    if isinstance(node, YSeq):
+        return [w for item in node.items for w in _words(item)]
+    found = []
+    for key, value in node:
+        if key.word:
+            found.append((key, True))
+        found += _words(value)
+    return found

@@ -8,7 +8,10 @@ instead of returning bare Python objects.  It also closes YAML's classic traps:
 * duplicate mapping keys are errors (PyYAML silently keeps the last one);
 * YAML 1.1 booleans (``yes``/``no``/``on``/``off``/``y``/``n``, any case) are
   errors: ``arch: [on]`` or a key ``no:`` almost never mean a boolean.  Only
-  ``true``/``false`` are booleans;
+  ``true``/``false`` are booleans.  With ``defer_words`` they are kept as
+  strings marked ``word`` and the schema decides (:func:`matrix.schema.validate`):
+  where a name is expected (a shape symbol ``N``) the word is that name, and
+  everywhere else it stays an error;
 * ``1e-5`` is a number (YAML 1.2), not the string PyYAML makes of it;
 * integers are plain decimals: YAML 1.1 reads ``010`` as 8, ``1_0`` as 10,
   ``1:30`` as 90 and ``0x1`` as 1, so those forms are errors, as are integers
@@ -53,6 +56,8 @@ class YScalar:
     where: Location
     raw: str
     quoted: bool
+    #: an unquoted YAML 1.1 boolean word kept as text (``defer_words``): the schema decides
+    word: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,10 @@ def where_of(node: YNode | None, fallback: Location) -> Location:
 class _Builder:
     """Walks composed nodes into the annotated tree, collecting every problem."""
 
-    def __init__(self, loader: BoundedLoader, source: str) -> None:
+    def __init__(self, loader: BoundedLoader, source: str, defer_words: bool = False) -> None:
         self.loader = loader
         self.source = source
+        self.defer_words = defer_words
         self.errors: list[ConfigError] = []
         self._active: set[int] = set()
 
@@ -164,11 +170,9 @@ class _Builder:
         where, raw = self.loc(node), str(node.value)
         quoted = node.style is not None  # quoted or block scalars are always text
         if not quoted and raw.lower() in YAML11_BOOLEANS:
-            hint = f'quote it: "{raw}"' if is_key else f'use true/false, or quote it: "{raw}"'
-            what = "key" if is_key else "value"
-            problem = f"{what} {raw!r} is a YAML 1.1 boolean"
-            self.errors.append(ConfigError(problem, where, hint))
-            return YScalar(raw, where, raw, quoted)
+            if not self.defer_words:
+                self.errors.append(yaml11_boolean(raw, where, is_key=is_key))
+            return YScalar(raw, where, raw, quoted, word=True)
         if node.tag not in _SCALAR_TAGS:
             self.errors.append(
                 ConfigError(f"tag {node.tag!r} is not allowed", where, "opgate files are plain data")
@@ -195,8 +199,18 @@ class _Builder:
         return None
 
 
-def parse_yaml(text: str, source: str, limits: Limits = LIMITS) -> YNode:
-    """Parse one YAML document from ``text``; ``source`` names it in messages."""
+def yaml11_boolean(raw: str, where: Location, *, is_key: bool) -> ConfigError:
+    """The error for an unquoted YAML 1.1 boolean word where it is ambiguous."""
+    hint = f'quote it: "{raw}"' if is_key else f'use true/false, or quote it: "{raw}"'
+    return ConfigError(f"{'key' if is_key else 'value'} {raw!r} is a YAML 1.1 boolean", where, hint)
+
+
+def parse_yaml(text: str, source: str, limits: Limits = LIMITS, *, defer_words: bool = False) -> YNode:
+    """Parse one YAML document from ``text``; ``source`` names it in messages.
+
+    ``defer_words``: keep YAML 1.1 boolean words as marked strings for the
+    schema to judge (the caller must run :func:`matrix.schema.validate`).
+    """
     if len(text) > limits.size:
         raise ConfigError(f"document is over {limits.size} characters", Location(source, 1), "split the file")
     loader: BoundedLoader | None = None
@@ -205,7 +219,7 @@ def parse_yaml(text: str, source: str, limits: Limits = LIMITS) -> YNode:
         node = loader.get_single_node()
         if node is None:
             raise ConfigError("file is empty", Location(source, 1), "see matrix/default.yaml or ops/SPEC.md")
-        builder = _Builder(loader, source)
+        builder = _Builder(loader, source, defer_words)
         tree = builder.build(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -227,7 +241,7 @@ def parse_yaml(text: str, source: str, limits: Limits = LIMITS) -> YNode:
     return tree
 
 
-def load_yaml(path: Path, limits: Limits = LIMITS) -> YNode:
+def load_yaml(path: Path, limits: Limits = LIMITS, *, defer_words: bool = False) -> YNode:
     """Read and parse ``path``; unreadable, oversized or non-UTF-8 files are config errors."""
     text = read_text(Path(path), what="a YAML file", limit=limits.size * 4, error=ConfigError)
-    return parse_yaml(text, str(path), limits)
+    return parse_yaml(text, str(path), limits, defer_words=defer_words)

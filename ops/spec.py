@@ -28,6 +28,7 @@ from opgate.matrix.schema import (
 )
 from opgate.matrix.yamlload import YMap, YNode, load_yaml
 from opgate.ops import cost
+from opgate.ops.spec_evidence import evidence_checks
 from opgate.ops.spec_refs import import_root, reference_problems
 from opgate.ops.spec_schema import (
     CONTROL_IMPL,
@@ -248,15 +249,7 @@ def _impl_checks(
     _binaries_checks(name, raw, line, problems)
     ev = raw.get("evidence")
     if valid(ev) and isinstance(ev, dict):
-        rules = [ev.get(dk) or {} for dk in DEVICE_KINDS] + [
-            r for m in ev.get("modes", {}).values() for r in m.values()
-        ]
-        if not any(r.get("expect") for r in rules):
-            problems.add(
-                line("evidence"),
-                f"implementations.{name}.evidence: no expect pattern",
-                "the fallback check needs the op event (cpu) or kernel name (cuda) that proves it ran",
-            )
+        evidence_checks(name, raw, op, ev, where=line("evidence"), problems=problems)
 
 
 def _binaries_checks(name: str, raw: dict[str, Any], line: Any, problems: Problems) -> None:
@@ -304,7 +297,7 @@ def _cost_checks(data: dict[str, Any], tree: YMap, problems: Problems) -> None:
 def load_spec(path: Path, root: Path | None) -> OpSpec:
     """Validate one spec file; ``root`` is the directory its module references import from."""
     path = Path(path)
-    tree = load_yaml(path)
+    tree = load_yaml(path, defer_words=True)  # YAML 1.1 booleans are judged where they stand
     problems = Problems()
     data = validate(SPEC_SCHEMA, tree, problems)
     if isinstance(data, dict) and isinstance(tree, YMap):

@@ -29,7 +29,14 @@ DIST_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 FILE_GLOB = r"[^/\s][^\s]*"
 
 
-RULE = Record("evidence rule", {"expect": ListOf(Glob()), "forbid": ListOf(Glob())})
+#: A glob over profiler event or kernel names.  Inner spaces are allowed: demangled CUDA C++
+#: kernel names have them (``kDequantizeBlockwise<float, 8, 0>``); ``a|b`` is either alternative.
+EVENT_PATTERN = Str(
+    "a glob over profiler event or kernel names",
+    r"\S(?:.*\S)?",
+    "no leading or trailing spaces; e.g. '_rms_norm_fwd_kernel*' or 'kDequantizeBlockwise<float, 8, 0>'",
+)
+RULE = Record("evidence rule", {"expect": ListOf(EVENT_PATTERN), "forbid": ListOf(EVENT_PATTERN)})
 DEVICE_RULES = {"cpu": RULE, "cuda": RULE}
 TOLERANCE_FIELDS = {"k": Float(0.0, strict=True), "atol_floor": Float(0.0)}
 IMPL_SCHEMA = Record(
@@ -103,7 +110,10 @@ SPEC_SCHEMA = Record(
                     k: Str("an arithmetic expression", check=cost.check)
                     for k in ("backward_bytes", "backward_flops")
                 },
-                "symbols": ListOf(Str("a shape symbol", r"[A-Z][A-Za-z0-9_]*"), min_len=1, unique=True),
+                # a symbol is a name, so N (a YAML 1.1 boolean word) is a symbol here, quoted or not
+                "symbols": ListOf(
+                    Str("a shape symbol", r"[A-Z][A-Za-z0-9_]*", words=True), min_len=1, unique=True
+                ),
             },
         ),
         "dtypes": Field(ListOf(Enum(DTYPES, "dtype"), min_len=1, unique=True), required=True),

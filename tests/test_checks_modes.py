@@ -36,7 +36,7 @@ def test_run_check_turns_reasons_into_skips_and_exceptions_into_errors() -> None
 
     err = run_check(Check("c", lambda ctx: None, boom), None)  # type: ignore[arg-type]
     assert err.status is Verdict.ERROR
-    assert err.summary == "ValueError: bad stride"
+    assert err.summary == "ValueError: bad stride; more lines"
     assert err.details["exception"] == "ValueError"
 
 
@@ -45,7 +45,8 @@ def test_export_keeps_the_op_node(tmp_path: Path) -> None:
     assert verdict is Verdict.PASS, outcome.reason
     export = next(c for c in outcome.checks if c.name == "export")
     assert all("zoo::good_rms_norm" in g["ops"] for g in export.details["graphs"])
-    assert [c.name for c in outcome.checks] == ["export", "correctness", "mutation"]
+    assert all("zoo::good_rms_norm" in g["decomposed_ops"] for g in export.details["graphs"])
+    assert [c.name for c in outcome.checks] == ["fake_meta", "export", "correctness", "mutation", "evidence"]
 
 
 @pytest.mark.slow

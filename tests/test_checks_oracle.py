@@ -127,7 +127,7 @@ implementations:
   aten:
     kind: external
     entry: opgate_np_ref:op
-    evidence: {cpu: {expect: ["aten::tanh"]}}
+    evidence: {cpu: {expect: ["aten::tanh"]}, cuda: {expect: ["*tanh*"]}}
 """
 
 

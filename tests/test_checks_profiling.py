@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from opgate.validators.checks import evidence
+from opgate.validators.checks import evidence, observe
 from opgate.validators.checks.artifacts import Artifact
 from opgate.validators.checks.cell import fresh_compiler_state, poisoned_allocations
 from opgate.validators.checks.context import build_context
@@ -37,7 +37,15 @@ def test_parse_splits_host_events_and_kernels_and_lists_copies(tmp_path: Path) -
         op_event("my::op", ["c10::BFloat16"], [[4, 8]], ext=1),
         op_event("aten::copy_", ["c10::BFloat16", "c10::BFloat16", "Scalar"], [[4, 8], [4, 8], []], ext=2),
         op_event("aten::copy_", ["float", "c10::BFloat16", "Scalar"], [[4, 8], [4, 8], []], ext=3),  # a cast
-        op_event("aten::copy_", ["unsigned char", "unsigned char", "Scalar"], [[64], [64], []]),  # storage
+        op_event("aten::copy_", ["unsigned char", "unsigned char", "Scalar"], [[8, 8], [8, 8], []], ext=4),
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "opgate-harness::triton-interpreter",
+            "ts": 10,
+            "dur": 5,
+        },
+        {**op_event("aten::copy_", ["unsigned char", "unsigned char", "Scalar"], [[64], [64], []]), "ts": 11},
         {"ph": "X", "cat": "user_annotation", "name": "graph_0_cpp_fused_clone_0", "args": {}},
         {"ph": "X", "cat": "kernel", "name": "_my_kernel", "args": {"External id": 1}},
         {"ph": "X", "cat": "kernel", "name": "elementwise_kernel<direct_copy>", "args": {"External id": 2}},
@@ -49,8 +57,10 @@ def test_parse_splits_host_events_and_kernels_and_lists_copies(tmp_path: Path) -
     assert trace.names("cuda") == ["_my_kernel", "elementwise_kernel<direct_copy>"]
     assert trace.copies() == [
         "aten::copy_ c10::BFloat16[4, 8] <- c10::BFloat16[4, 8] [elementwise_kernel<direct_copy>]",
+        "aten::copy_ unsigned char[8, 8] <- unsigned char[8, 8]",  # quantised codes count too
         "graph_0_cpp_fused_clone_0",
     ]
+    assert [e.name for e in trace.harness] == ["opgate-harness::triton-interpreter", "aten::copy_"]
 
 
 def test_empty_trace_is_empty() -> None:
@@ -93,14 +103,16 @@ def test_triton_interpreter_storage_copies_are_not_hidden_copies(tmp_path: Path)
     ctx.op(*sample.args, **sample.kwargs)
     trace, _ = profile_call(lambda: ctx.op(*sample.args, **sample.kwargs), "cpu", tmp_path / "t.json")
     assert "zoo::good_rms_norm" in trace.names("cpu")
-    assert "aten::copy_" in trace.names("cpu")  # the interpreter moves arguments through byte storages
+    # the interpreter moves arguments through byte storages, inside the launch's harness range
+    assert "aten::copy_" in [e.name for e in trace.harness]
     assert trace.copies() == []
 
 
 def test_profiler_with_no_events_is_an_error_never_a_pass(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(evidence, "profile_call", lambda fn, kind, path: (Trace(path=path), fn()))
+    for module in (evidence, observe):
+        monkeypatch.setattr(module, "profile_call", lambda fn, kind, path: (Trace(path=path), fn()))
     with fresh_compiler_state(cpu=True), poisoned_allocations():
         result = evidence.run(_context(tmp_path))
     assert result.status is Verdict.ERROR
@@ -111,9 +123,10 @@ def test_cuda_trace_without_kernels_is_an_error_unless_the_input_is_empty(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     host_only = [Event("zoo::good_rms_norm", "cpu_op")]
-    monkeypatch.setattr(
-        evidence, "profile_call", lambda fn, kind, path: (Trace(host=list(host_only), path=path), fn())
-    )
+    for module in (evidence, observe):
+        monkeypatch.setattr(
+            module, "profile_call", lambda fn, kind, path: (Trace(host=list(host_only), path=path), fn())
+        )
     with fresh_compiler_state(cpu=True), poisoned_allocations():
         broken = evidence.run(_context(tmp_path, device="cuda:0"))
         empty = evidence.run(_context(tmp_path, layout="zero_size", device="cuda:0"))
@@ -135,7 +148,7 @@ def test_witness_sees_tensor_only_custom_ops_and_not_decompositions() -> None:
     """torch 2.14's profiler drops Tensor-only custom ops; the body witness must not."""
     import torch
 
-    from opgate.validators.profiling import executed_custom_ops
+    from opgate.validators.witness import executed_custom_ops
 
     lib = torch.library.Library("opgate_dispatch_test", "FRAGMENT")
     lib.define("decomposed(Tensor a) -> Tensor")
@@ -155,7 +168,7 @@ def test_witness_sees_tensor_only_custom_ops_and_not_decompositions() -> None:
 def test_executed_custom_ops_witnesses_the_body_inside_a_compiled_program() -> None:
     import torch
 
-    from opgate.validators.profiling import executed_custom_ops
+    from opgate.validators.witness import executed_custom_ops
 
     @torch.library.custom_op("opgate_exec_test::double", mutates_args=())
     def double(a: torch.Tensor) -> torch.Tensor:

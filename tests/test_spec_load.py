@@ -223,10 +223,31 @@ def line_with(tmp_path: Path, marker: str) -> int:
             None,
         ),
         (
-            'cpu: {expect: ["aten::add"]}',
+            'cpu: {expect: ["aten::add"]}\n      cuda: {expect: ["*elementwise_kernel*"]}',
             'cpu: {forbid: ["aten::add"]}',
             "evidence:",
             "no expect pattern",
+            None,
+        ),
+        (
+            '\n      cuda: {expect: ["*elementwise_kernel*"]}',
+            "",
+            "evidence:",
+            "no cuda expect pattern for mode(s) eager, compile, cudagraphs",
+            "add evidence.cuda.expect",
+        ),
+        (
+            'cuda: {expect: ["*elementwise_kernel*"]}',
+            'cuda: {expect: [" *elementwise_kernel*"]}',
+            "elementwise_kernel",
+            "is not a glob over profiler event or kernel names",
+            "no leading or trailing spaces",
+        ),
+        (
+            'summary: "toy op for expansion tests"',
+            "summary: no",
+            "summary",
+            "'no' is a YAML 1.1 boolean",
             None,
         ),
         ("op: toy", "op: Toy-Op", "Toy-Op", "is not an op name", None),
@@ -292,9 +313,42 @@ def test_declared_mutation(tmp_path: Path) -> None:
     assert load_spec(OPS / "flat.yaml", OPS).implementations["ext"].mutates == Mutates()
     errs = spec_errors(
         tmp_path,
-        '      cpu: {expect: ["aten::relu"]}\n',
-        '      cpu: {expect: ["aten::relu"]}\n    mutates: {input: [x]}\n',
+        '      cuda: {expect: ["*elementwise_kernel*"]}\n',
+        '      cuda: {expect: ["*elementwise_kernel*"]}\n    mutates: {input: [x]}\n',
         source=OPS / "flat.yaml",
     )
     assert any("unknown key 'input'" in e.problem for e in errs)
     assert any(e.hint and "did you mean 'inputs'?" in e.hint for e in errs)
+
+
+def test_gpu_cells_declared_unsupported_need_no_cuda_evidence(tmp_path: Path) -> None:
+    """A CPU-only implementation says so with ``unsupported``; then GPU evidence is not asked for."""
+    text = TOY.read_text().replace('\n      cuda: {expect: ["*elementwise_kernel*"]}', "", 1)
+    text = text.replace(
+        "    requires: [toy-dist]\n",
+        '    requires: [toy-dist]\n    unsupported:\n      - {match: "toy.ext-*-sm_*", reason: "CPU only"}\n',
+    )
+    (tmp_path / "spec.yaml").write_text(text)
+    shutil.copy(OPS / "toy" / "toy.cu", tmp_path / "toy.cu")
+    spec = load_spec(tmp_path / "spec.yaml", OPS)
+    assert spec.implementations["ext"].evidence_for("cuda", "eager") == Evidence()
+
+
+def test_evidence_patterns_may_hold_spaces_and_n_is_a_symbol(tmp_path: Path) -> None:
+    """Demangled CUDA names have spaces; ``N`` (a YAML 1.1 boolean word) is a shape symbol in ``symbols``."""
+    text = TOY.read_text().replace(
+        'cuda: {expect: ["*elementwise_kernel*"]}',
+        'cuda: {expect: ["kDequantizeBlockwise<float, 8, 0> | *gemv*"]}',
+    )
+    text = text.replace('flops: "M * N"', 'flops: "M * N"\n  symbols: [M, N]')
+    (tmp_path / "spec.yaml").write_text(text)
+    shutil.copy(OPS / "toy" / "toy.cu", tmp_path / "toy.cu")
+    spec = load_spec(tmp_path / "spec.yaml", OPS)
+    assert spec.cost["symbols"] == ["M", "N"]
+    rule = spec.implementations["ext"].evidence_for("cuda", "eager")
+    assert rule.expect == ("kDequantizeBlockwise<float, 8, 0> | *gemv*",)
+    from opgate.validators.profiling import matches
+
+    assert matches("kDequantizeBlockwise<float, 8, 0>", rule.expect[0])
+    assert matches("cutlass_gemv_kernel", rule.expect[0])
+    assert not matches("kDequantizeBlockwise<float, 4, 0>", rule.expect[0])

@@ -34,6 +34,12 @@ class Case:
     check: str | None = None  # the check that must report ``verdict`` itself
     impl: str = "triton"
     shapes: str = "default"
+    #: "cpu" or "gpu" for a case that holds on one kind of device only (cudagraphs cells: GPU)
+    only: str = ""
+
+    @property
+    def device(self) -> str:
+        return "gpu" if self.mode == "cudagraphs" else self.only
 
     def cell(self) -> Cell:
         return make_cell(self.op, self.dtype, self.layout, self.mode, impl=self.impl, shapes=self.shapes)
@@ -154,6 +160,60 @@ CASES = [
     ok("zoo_double_round", "fp16", "misaligned", "export"),
 ]
 
+# Every mode checks kernel evidence: the planted faults above, caught in cudagraphs (GPU) and export cells
+CASES += [
+    Case("zoo_cia", "fp32", "contiguous", "export", "fallback", "export"),  # gone after run_decompositions
+    Case("zoo_cia", "bf16", "transposed", "export", "fallback", "evidence"),
+    Case("zoo_cia", "fp32", "contiguous", "cudagraphs", "fallback", "evidence"),
+    Case("zoo_routes_fp16", "fp16", "contiguous", "export", "fallback", "evidence"),
+    Case("zoo_routes_fp16", "fp16", "transposed", "cudagraphs", "fallback", "evidence"),
+    ok("zoo_routes_fp16", "bf16", "transposed", "export"),
+    ok("zoo_routes_fp16", "fp32", "contiguous", "cudagraphs"),
+    Case("zoo_hidden_copy", "bf16", "transposed", "export", "fallback", "evidence"),
+    Case("zoo_hidden_copy", "fp32", "strided", "cudagraphs", "fallback", "evidence"),
+    ok("zoo_hidden_copy", "fp16", "contiguous", "export"),
+    ok("zoo_hidden_copy", "bf16", "offset", "cudagraphs"),
+    ok("zoo_good", "fp32", "contiguous", "cudagraphs"),
+    ok("zoo_good", "bf16", "transposed", "cudagraphs"),
+    ok("zoo_good", "fp16", "misaligned", "cudagraphs"),
+    ok("zoo_good", "bf16", "zero_size", "cudagraphs"),
+    ok("zoo_good", "fp16", "broadcast", "export"),
+    ok("zoo_good", "bf16", "zero_size", "export"),
+    # a zero-size batch waives `expect` only where nothing ran: the decomposed program still runs
+    # aten ops on the empty CPU tensors, so the kernel's absence shows (a GPU launches nothing for them)
+    Case("zoo_cia", "fp32", "zero_size", "export", "fallback", "evidence", only="cpu"),
+    # the fake impl lies about the output dtype (bf16/fp16) or strides (transposed): every mode names it
+    Case("zoo_fake_dtype", "bf16", "contiguous", "eager", "fail", "fake_meta"),
+    Case("zoo_fake_dtype", "fp16", "transposed", "compile", "fail", "fake_meta"),
+    Case("zoo_fake_dtype", "bf16", "strided", "export", "fail", "fake_meta"),
+    Case("zoo_fake_dtype", "fp16", "contiguous", "cudagraphs", "fail", "fake_meta"),
+    ok("zoo_fake_dtype", "fp32", "contiguous", "compile"),
+    ok("zoo_fake_dtype", "fp32", "transposed", "export"),
+    Case("zoo_fake_strides", "fp32", "transposed", "compile", "fail", "fake_meta"),
+    Case("zoo_fake_strides", "bf16", "transposed", "export", "fail", "fake_meta"),
+    Case("zoo_fake_strides", "fp16", "transposed", "eager", "fail", "fake_meta"),
+    Case("zoo_fake_strides", "fp32", "transposed", "cudagraphs", "fail", "fake_meta"),
+    ok("zoo_fake_strides", "fp32", "contiguous", "compile"),
+    ok("zoo_fake_strides", "bf16", "strided", "export"),
+    ok("zoo_fake_strides", "fp16", "broadcast", "compile"),
+    # aten while a CUDA graph is captured: only the replayed graph's kernels show it
+    Case("zoo_graph_vanish", "fp32", "contiguous", "cudagraphs", "fallback", "evidence"),
+    Case("zoo_graph_vanish", "bf16", "transposed", "cudagraphs", "fallback", "evidence"),
+    ok("zoo_graph_vanish", "fp32", "contiguous", "compile"),
+    ok("zoo_graph_vanish", "fp16", "contiguous", "eager"),
+    ok("zoo_graph_vanish", "bf16", "strided", "export"),
+    # a custom op with an extra CompositeImplicitAutograd kernel: tracers take the composite
+    ok("zoo_cia_extra", "fp32", "contiguous", "eager"),
+    # opcheck's fake test compares the composite tracing uses with the kernel: strides differ
+    Case("zoo_cia_extra", "bf16", "transposed", "eager", "fail", "opcheck:test_faketensor"),
+    Case("zoo_cia_extra", "bf16", "transposed", "compile", "fallback", "evidence"),
+    Case("zoo_cia_extra", "fp32", "contiguous", "export", "fallback", "export"),
+    Case("zoo_cia_extra", "fp16", "strided", "export", "fallback", "evidence"),
+    Case("zoo_cia_extra", "fp32", "contiguous", "cudagraphs", "fallback", "evidence"),
+]
+#: The cases this CPU test suite runs (GPU-only ones run through .ci/gpu step zoo: tests/zoo/gpu_cases.py).
+CPU_CASES = [c for c in CASES if c.device != "gpu"]
+
 #: Seed-sensitive cases (numbers drawn at random decide them) re-run with two more seeds.
 STABILITY = [
     c
@@ -193,7 +253,7 @@ def _assert_case(case: Case, tmp_path: Path, seed: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=[c.cell_id for c in CASES])
+@pytest.mark.parametrize("case", CPU_CASES, ids=[c.cell_id for c in CPU_CASES])
 def test_zoo_verdict(case: Case, tmp_path: Path) -> None:
     _assert_case(case, tmp_path, seed=20260)
 
@@ -296,3 +356,22 @@ def test_a_float_style_reference_leaves_gradcheck_running_in_float64(tmp_path: P
     check = _check(outcome, "gradcheck")
     assert check.status.value == "pass", check.summary  # type: ignore[attr-defined]
     assert check.details["fp64_rel_err"] < 1e-12  # type: ignore[attr-defined]
+
+
+def test_gpu_run_is_checked_against_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpu_cases --check`` names each GPU cell whose verdict or deciding check differs from CASES."""
+    from tests.zoo.gpu_cases import check
+
+    results = tmp_path / "results.json"
+    cells = [
+        {"id": "a", "verdict": "fallback", "checks": [{"name": "evidence", "status": "fallback"}]},
+        {"id": "b", "verdict": "fail", "checks": [{"name": "correctness", "status": "fail"}], "reason": "x"},
+    ]
+    results.write_text(json.dumps({"cells": cells}))
+    expected = [("a", "fallback", "evidence"), ("b", "fail", "fake_meta"), ("c", "pass", None)]
+    assert check(results, expected) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS b" in out
+    assert "MISSING c" in out
+    assert "1/3 cases as expected" in out
+    assert check(results, expected[:1]) == 0

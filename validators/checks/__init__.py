@@ -11,13 +11,20 @@ Each check is a small module exposing ``CHECKS``: a tuple of
 :data:`validators.checks.cell.MODE_CHECKS`:
 
 =========== ==================================================================
-eager       mutation, correctness, gradients, gradcheck, opcheck (4 sub-tests), evidence, perf
-compile     compile (fullgraph, breaks, recompiles), correctness, mutation, evidence, perf
-cudagraphs  cudagraphs (skip counts), correctness
-export      export (op node kept in the graph), correctness, mutation
-aoti        aoti (package + load + run), correctness, mutation, evidence (the loaded package's run)
+eager       mutation, correctness, gradients, gradcheck, opcheck (4 sub-tests), fake_meta,
+            evidence, sass, perf
+compile     fake_meta, compile (fullgraph, breaks, recompiles), correctness, mutation, evidence, perf
+cudagraphs  fake_meta, cudagraphs (skip counts), correctness, evidence (the graph replay)
+export      fake_meta, export (op node kept, also after ``run_decompositions()``),
+            correctness, mutation, evidence (``ep.module()`` and the decomposed program)
+aoti        fake_meta, aoti (package + load + run), correctness, mutation, evidence (the loaded package's run)
 build       delegated to ``validators.checks.build.run_cell`` when installed
 =========== ==================================================================
+
+Compile, cudagraphs and export cells run the op inside a small graph with a
+producer and a consumer (:mod:`validators.checks.opgraph`), the reference
+through the same context.  A GPU cell whose kernel evidence was not checked is
+never ``pass``.
 
 A cell the spec declares unsupported runs the ``limits`` check alone.  Before
 any check, the reference's float64 oracle is audited (:mod:`.oracle`): a

@@ -11,6 +11,7 @@ or one crashing op never takes the other checks of the cell down.
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -50,43 +51,72 @@ def always(ctx: CellContext) -> str | None:
     return None
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    return lines[0] if lines else ""
+#: Where the informative part of a PyTorch message ends: stacks, logging advice, links, debug dumps.
+_MESSAGE_ENDS = re.compile(
+    r"^(from user code:|Set TORCH|For (more|extended|even more|C\+\+)|User Stack|Developer debug context"
+    r"|If you suspect|You can suppress|The above exception|Traceback|While executing|Original traceback)"
+)
+#: Lines inside the informative part that are stack frames or source carets, not prose.
+_FRAME = re.compile(r'^(File "|\(snipped|\^+$|~+$)')
+#: Wrappers kept between an exception and its root cause (the root is always kept).
+MAX_CAUSES = 2
 
 
-def root_cause(exc: BaseException) -> BaseException:
-    """The innermost exception of the chain: ``raise ... from`` causes, else the implicit context.
+def _message_lines(exc: BaseException) -> list[str]:
+    """The informative lines of one exception's message: the first, then its explanation and hints."""
+    lines: list[str] = []
+    for raw in str(exc).strip().splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if lines and _MESSAGE_ENDS.match(line):
+            break
+        if not _FRAME.match(line):
+            lines.append(line)
+    return lines
 
-    The context counts even where a wrapper suppressed it for display: Dynamo
-    raises ``TorchRuntimeError(...) from None`` around the very error whose
-    message names the fix.
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, the exceptions it was raised from, the root cause last.
+
+    The cause, else the implicit context, even where a wrapper suppressed it
+    for display: Dynamo raises ``TorchRuntimeError(...) from None`` around the
+    very error whose message names the fix.
     """
     seen = {id(exc)}
+    chain = [exc]
     while True:
-        nxt = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+        current = chain[-1]
+        nxt = current.__cause__ if current.__cause__ is not None else current.__context__
         if nxt is None or id(nxt) in seen:
-            return exc
-        exc = nxt
-        seen.add(id(exc))
+            return chain
+        seen.add(id(nxt))
+        chain.append(nxt)
 
 
-def describe_exception(exc: BaseException, limit: int = 600) -> str:
-    """``Type: first line of the message``, plus the root cause's first line when it says more.
+def describe_exception(exc: BaseException, limit: int = 900) -> str:
+    """``Type: first line (caused by Root: its message); explanation; hint`` within ``limit`` characters.
 
     Dynamo and Inductor wrap the error that matters: "RuntimeError when making
-    fake tensor call" carries, as its cause, PyTorch's actionable message
+    fake tensor call" carries, as its root cause, PyTorch's actionable message
     ("Cannot access data pointer of Tensor (e.g. FakeTensor ...) ... wrap the
-    custom kernel into an opaque custom op").  The wrapper's first line alone
-    names no fix, so the cause is kept beside it.  The full traceback goes to
-    the cell log.
+    custom kernel into an opaque custom op"), and after its first line the
+    explanation and hint ("Explanation: ... There was no fake impl registered
+    ... Please use `register_fake`" / "Hint: ...").  All of it is kept, the
+    root cause right after the first line; stacks and logging advice are
+    dropped.  The full traceback goes to the cell log.
     """
-    first = _first_line(exc)
-    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    root = root_cause(exc)
-    cause = _first_line(root)
-    if root is not exc and cause and cause not in text:
-        text += f" (caused by {type(root).__name__}: {cause})"
+    chain = _chain(exc)
+    outer, root = chain[0], chain[-1]
+    lines = _message_lines(outer)
+    text = f"{type(outer).__name__}: {lines[0]}" if lines else type(outer).__name__
+    root_lines = _message_lines(root) if root is not outer else []
+    if root_lines and root_lines != lines:
+        text += f" (caused by {type(root).__name__}: {'; '.join(root_lines)})"
+    rest = lines[1:] + [ln for e in chain[1:-1][:MAX_CAUSES] for ln in _message_lines(e)]
+    rest = [ln for ln in dict.fromkeys(rest) if ln not in text]
+    if rest:
+        text += "; " + "; ".join(rest)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -1,10 +1,12 @@
 """Run every check that applies to one cell, inside the worker process.
 
 Which checks run is decided by the cell's mode (:data:`MODE_CHECKS`), in
-order: a mode's own check first (it builds the compiled/exported artifact and
-reports a build failure), then the correctness of that artifact, then the
-kernel evidence.  A cell the spec declares unsupported runs the limits check
-alone.
+order: the fake-vs-real metadata check first (a lying fake impl must be caught
+before a compiled consumer reads the output wrongly), then the mode's own check
+(it builds the compiled/exported artifact and reports a build failure), then
+the correctness of that artifact, then the kernel evidence, in every mode.  A
+cell the spec declares unsupported runs the limits check alone.  A GPU cell
+whose kernel evidence was not checked is never ``pass`` (:func:`unchecked_evidence`).
 
 Process-wide state a cell changes is restored afterwards (the worker reuses
 its process for the next cell): deterministic-algorithms mode, Dynamo's
@@ -34,11 +36,21 @@ if TYPE_CHECKING:
 
 #: Check modules per mode, in run order.
 MODE_CHECKS: dict[str, tuple[str, ...]] = {
-    "eager": ("mutation", "correctness", "gradients", "gradcheck", "opcheck", "evidence", "sass", "perf"),
-    "compile": ("compile", "correctness", "mutation", "evidence", "perf"),
-    "cudagraphs": ("cudagraphs", "correctness"),
-    "export": ("export", "correctness", "mutation"),
-    "aoti": ("aoti", "correctness", "mutation", "evidence"),
+    "eager": (
+        "mutation",
+        "correctness",
+        "gradients",
+        "gradcheck",
+        "opcheck",
+        "fakemeta",
+        "evidence",
+        "sass",
+        "perf",
+    ),
+    "compile": ("fakemeta", "compile", "correctness", "mutation", "evidence", "perf"),
+    "cudagraphs": ("fakemeta", "cudagraphs", "correctness", "evidence"),
+    "export": ("fakemeta", "export", "correctness", "mutation", "evidence"),
+    "aoti": ("fakemeta", "aoti", "correctness", "mutation", "evidence"),
 }
 
 #: Checks owned elsewhere that a checkout may not have yet (absent -> not run).
@@ -144,6 +156,29 @@ def _build_outcome(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Pa
     return outcome
 
 
+def unchecked_evidence(results: list[CheckResult], device: str, mode: str) -> CheckResult | None:
+    """An ``error`` for a GPU cell that would pass although its kernel evidence was not checked.
+
+    Specs are refused when a GPU cell could run without a cuda ``expect`` rule
+    (``ops/spec.py``), so this fires only where evidence was switched off or
+    skipped for another reason: the kernel names are the point of a GPU cell.
+    """
+    from opgate.validators.result import combine
+
+    if not device.startswith("cuda") or mode not in MODE_CHECKS or combine(results) is not Verdict.PASS:
+        return None
+    evidence = next((r for r in results if r.name == "evidence"), None)
+    if evidence is not None and evidence.status is not Verdict.SKIP:
+        return None
+    why = evidence.summary if evidence is not None else "the evidence check did not run (OPGATE_SKIP_CHECKS?)"
+    return CheckResult(
+        "evidence",
+        Verdict.ERROR,
+        f"kernel evidence not checked ({why}): a GPU cell is never pass without it",
+        {"unchecked": True},
+    )
+
+
 def _reason(checks: list[CheckResult], verdict: Verdict) -> str:
     if verdict is Verdict.PASS:
         return ""
@@ -234,5 +269,8 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
             if is_control(cell):
                 checks = [c for c in checks if c.name in control_checks(cell.mode)]
             results = [run_check(c, ctx) for c in checks]
+            unchecked = None if is_control(cell) else unchecked_evidence(results, device, cell.mode)
+            if unchecked is not None:
+                results = [r for r in results if r.name != "evidence"] + [unchecked]
     verdict = combine(results)
     return CellOutcome(results, list(ctx.kernels), _reason(results, verdict), None)

@@ -1,5 +1,7 @@
 """compile: the op under ``torch.compile(fullgraph=True)``, graphs and recompiles counted.
 
+What is compiled is the op inside a small graph, a producer of its inputs and
+a consumer of its outputs (:mod:`validators.checks.opgraph`), as in a model.
 The cell's shared compiled function is called once per shape of the shape set
 (in the cell's layout), reading Dynamo's own counters around each call:
 
@@ -51,7 +53,11 @@ def break_reasons() -> list[str]:
 
 
 def count_breaks(ctx: CellContext) -> dict[str, Any]:
-    """Diagnostics after a fullgraph failure: how many breaks a plain compile takes (and why)."""
+    """Diagnostics after a fullgraph failure: how many breaks a plain compile of the op alone takes (and why).
+
+    The op alone, not its graph: a break inside a called function also breaks
+    the caller's frame, and the count is about the op.
+    """
     before = graph_breaks()
     fn = torch.compile(ctx.op, dynamic=True if ctx.spec.dynamic_shapes else None)
     sample = ctx.inputs()[0]
@@ -101,6 +107,8 @@ def _call(artifact: Compiled, sample: SampleInput) -> str:
 def applies(ctx: CellContext) -> str | None:
     if not isinstance(ctx.artifact, Compiled):
         return f"mode {ctx.mode} has no compiled function"
+    if ctx.artifact.failure is not None:
+        return f"not compiled: {ctx.artifact.failure}"
     return None
 
 

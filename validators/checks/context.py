@@ -6,6 +6,11 @@ and hands out inputs.  Inputs are *regenerated* from the seed on every request
 instead of shared: a check (or an op that wrongly mutates its inputs) can never
 disturb the inputs another check sees, and every number in a result can be
 reproduced from the recorded seed alone.
+
+In the modes that run the op inside a small graph (compile, cudagraphs,
+export: :mod:`validators.checks.opgraph`), ``reference`` is the spec's
+reference run through the same producer and consumer, so every comparison
+sets like against like.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opgate.ops.base import DTYPES, SampleInput
+from opgate.validators.checks.opgraph import GRAPH_MODES, run_eagerly
 from opgate.validators.layouts import LayoutError, apply_layout, zero_size_variants
 from opgate.validators.tolerance import Rule
 
@@ -167,6 +173,9 @@ def build_context(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Pat
     if impl.module:
         importlib.import_module(impl.module)
     copies = cell.override("copies_allowed", impl.copies_allowed)
+    reference = resolve(spec.reference, spec.root)
+    if cell.mode in GRAPH_MODES:
+        reference = run_eagerly(reference)
     return CellContext(
         cell=cell,
         spec=spec,
@@ -175,7 +184,7 @@ def build_context(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Pat
         seed=seed,
         workdir=workdir,
         op=resolve(impl.entry, spec.root),
-        reference=resolve(spec.reference, spec.root),
+        reference=reference,
         sample_fn=resolve(spec.samples, spec.root),
         dtype=DTYPES[cell.dtype],
         shapes=[tuple(s) for s in spec.shapes[cell.shapes]],

@@ -5,7 +5,9 @@ function (CPU tensors, mutated inputs, ops it cannot capture), logging a
 perf hint and bumping ``counters["inductor"]["cudagraph_skips"]``.  A skip
 leaves the numbers right but the mode's point gone, so it is a ``fallback``,
 with the perf-hint messages as the listing.  Each shape is called three times
-(warm-up, record, replay), as cudagraph trees need.
+(warm-up, record, replay), as cudagraph trees need.  The function is the op
+inside its graph (:mod:`validators.checks.opgraph`); the evidence check then
+profiles a replay and reads the kernels of the captured graph.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def applies(ctx: CellContext) -> str | None:
         return "CUDA graphs need a CUDA device"
     if not isinstance(ctx.artifact, CudaGraphed):
         return f"mode {ctx.mode} does not use CUDA graphs"
+    if ctx.artifact.failure is not None:
+        return f"not compiled: {ctx.artifact.failure}"
     return None
 
 

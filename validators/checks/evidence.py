@@ -1,19 +1,29 @@
-"""evidence: the profiler must show the op's own kernel, and no hidden copies.
+"""evidence: the profiler must show the op's own kernel, and no hidden copies, in every mode.
 
 opcheck and ``torch._dynamo.explain`` both pass an op whose kernel vanishes
 under compile (measured on the H200), so only the run itself is evidence.  A
 *warm* call of the mode's artifact (compiled already, caches hot) is profiled,
 and the spec's patterns are matched against what ran: on CPU the dispatcher's
-op events (``opgate::rms_norm``), on CUDA the GPU kernel names.
+op events (``opgate::rms_norm``), on CUDA the GPU kernel names.  What each mode
+profiles (:mod:`validators.checks.observe`):
+
+* eager, compile, aoti: the call;
+* cudagraphs: the graph replay, i.e. the kernels the captured graph ran; a
+  call that replays no graph is a ``fallback``;
+* export: ``ep.module()`` *and* the program after ``ep.run_decompositions()``
+  (what AOTInductor and ExecuTorch lower): each must show the op's kernel.
+
+Then, for each profiled program:
 
 * every ``expect`` pattern must match and no ``forbid`` pattern may match,
   else ``fallback``, listing what ran instead;
 * a trace with no events at all is an ``error`` (the profiler is broken), never
   a pass; on CUDA a trace without a single kernel is one too, unless the input
   is empty;
-* an empty input (zero-size batch) need launch nothing, and library ops skip
-  their kernels for it: ``expect`` is waived there, ``forbid`` and copies still
-  apply;
+* an empty input (zero-size batch) waives ``expect`` only where the op
+  genuinely launched nothing (CUDA: no kernel; CPU: no op event beyond
+  allocations and views) and says so; where anything ran, ``expect`` applies;
+  ``forbid`` and copies always do;
 * hidden copies: layout copies in the op's trace beyond those in the
   reference's trace on the same inputs (see
   :meth:`validators.profiling.Trace.copies`); more than ``copies_allowed`` is
@@ -33,28 +43,25 @@ import torch
 from opgate.ops.base import SampleInput
 from opgate.validators.checks.base import Check
 from opgate.validators.checks.context import CellContext, call
-from opgate.validators.profiling import executed_custom_ops, match, matches, profile_call
+from opgate.validators.checks.observe import Observed, ProfilerBroken, observe_mode
+from opgate.validators.profiling import match, matches, profile_call
 from opgate.validators.result import CheckResult, Verdict
 
 NAME = "evidence"
 #: Base-pointer alignment Inductor assumes for graph inputs it compiled as aligned.
 ALIGN_BYTES = 16
 #: ``aoti``: a warm call of the *loaded package* is profiled, the run a deployment makes.
-MODES = ("eager", "compile", "aoti")
-#: torch.compile's own bookkeeping events: matched like any name, but left out of the reported
-#: kernel list (they carry graph hashes that differ between environments and say nothing of the op).
-WRAPPER_EVENTS = (
-    "## *",
-    "TorchDynamo Cache Lookup",
-    "Torch-Compiled Region*",
-    "Pregraph bytecode",
-    "AOTDispatcher Runtime Wrapper*",
-)
-#: Kernels opgate itself launches: output poisoning (deterministic ``fill_uninitialized_memory``)
-#: fills every fresh allocation with NaN.  They are instrumentation, not the op's work, so they
-#: neither satisfy ``expect`` nor trip ``forbid`` (a spec forbidding ``*elementwise_kernel*`` to
-#: catch copy kernels would otherwise flag every cell on CUDA).
-INSTRUMENTATION_KERNELS = ("*FillFunctor*",)
+MODES = ("eager", "compile", "cudagraphs", "export", "aoti")
+#: CPU op events that allocate or view and compute nothing: on an empty input, a trace of only
+#: these (and the mode's wrappers) means the op launched nothing, so ``expect`` is waived.
+BOOKKEEPING_EVENTS = (
+    "aten::empty*", "aten::new_empty*", "aten::zeros*", "aten::new_zeros", "aten::zero_", "aten::fill_",
+    "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided",
+    "aten::t", "aten::transpose", "aten::permute", "aten::expand", "aten::slice", "aten::select",
+    "aten::narrow", "aten::unsqueeze", "aten::squeeze", "aten::alias", "aten::detach", "detach",
+    "aten::lift_fresh", "aten::contiguous", "aten::resize_", "aten::size", "aten::stride",
+    "aten::sym_*", "aten::resolve_conj", "aten::resolve_neg",
+)  # fmt: skip
 
 
 def is_empty(sample: SampleInput) -> bool:
@@ -110,63 +117,44 @@ def realignment_copies(copies: list[str], spans: list[int]) -> list[str]:
     return found
 
 
-def run(ctx: CellContext) -> CheckResult:
-    artifact = ctx.artifact
-    assert artifact is not None
+def launched_nothing(seen: list[str], device_kind: str) -> bool:
+    """The trace shows no work: no kernel (CUDA) or no op event beyond allocations and views (CPU)."""
+    if device_kind == "cuda":
+        return not seen
+    return all(any(matches(n, p) for p in BOOKKEEPING_EVENTS) for n in seen)
+
+
+def judge(ctx: CellContext, obs: Observed, ref_copies: list[str], empty_input: bool) -> list[str]:
+    """The problems one profiled program shows (empty: it passes); fills ``obs.details``."""
     kind = ctx.device_kind
     rule = ctx.impl.evidence_for(kind, ctx.mode)
-    sample = ctx.inputs()[0]
-    empty_input = is_empty(sample)
-    artifact(sample)  # warm: compilation, autotuning and lazy init stay out of the trace
-    trace, _ = profile_call(lambda: artifact(sample), kind, ctx.workdir / f"trace-{ctx.mode}-op.json")
-    if trace.empty:
-        return CheckResult(NAME, Verdict.ERROR, "profiler recorded no events", {"trace": str(trace.path)})
-    if kind == "cuda" and not trace.kernels and not empty_input:
-        return CheckResult(
-            NAME,
-            Verdict.ERROR,
-            "profiler recorded no GPU kernel for a non-empty input (CUPTI unavailable?)",
-            {"trace": str(trace.path), "host_events": trace.names("cpu")[:50]},
-        )
-    seen = [n for n in trace.names(kind) if not any(matches(n, p) for p in INSTRUMENTATION_KERNELS)]
-    if kind == "cpu" and ctx.impl.qualname:
-        # The op's own body ran, in eager and inside the compiled program (see executed_custom_ops):
-        # torch 2.14's CPU profiler records no event for a custom op whose arguments are all tensors.
-        witnessed = executed_custom_ops(lambda: artifact(sample), [ctx.impl.qualname])
-        seen += [n for n in witnessed if n not in seen]
-    ran = [n for n in seen if not any(matches(n, p) for p in WRAPPER_EVENTS)]
-    ctx.kernels = ran
-    expect_hits = match(seen, rule.expect)
-    missing = [] if empty_input else [p for p, hits in expect_hits.items() if not hits]
-    forbidden = {p: hits for p, hits in match(seen, rule.forbid).items() if hits}
-
-    ref_sample = ctx.inputs()[0]
-    call(ctx.reference, ref_sample)
-    ref_trace, _ = profile_call(
-        lambda: call(ctx.reference, ref_sample), kind, ctx.workdir / f"trace-{ctx.mode}-reference.json"
+    expect_hits = match(obs.seen, rule.expect)
+    waived = empty_input and launched_nothing(obs.ran, kind)
+    missing = [] if waived else [p for p, hits in expect_hits.items() if not hits]
+    forbidden = {p: hits for p, hits in match(obs.seen, rule.forbid).items() if hits}
+    realigned = realignment_copies(obs.copies, misaligned_spans(obs.sample)) if ctx.mode == "compile" else []
+    extra = max(0, len(obs.copies) - len(realigned) - len(ref_copies))
+    obs.details.update(
+        {
+            "expect": list(rule.expect),
+            "forbid": list(rule.forbid),
+            "missing": missing,
+            "forbidden": forbidden,
+            "expect_waived": "zero-size input and nothing launched" if waived else "",
+            "reference_copies": ref_copies,
+            "realigned_inputs": realigned,
+            "extra_copies": extra,
+            "copies_allowed": ctx.copies_allowed,
+        }
     )
-    op_copies, ref_copies = trace.copies(), ref_trace.copies()
-    realigned = realignment_copies(op_copies, misaligned_spans(sample)) if ctx.mode == "compile" else []
-    extra = max(0, len(op_copies) - len(realigned) - len(ref_copies))
-    details: dict[str, Any] = {
-        "device_kind": kind,
-        "mode": ctx.mode,
-        "seen": seen,
-        "expect": list(rule.expect),
-        "forbid": list(rule.forbid),
-        "missing": missing,
-        "forbidden": forbidden,
-        "copies": op_copies,
-        "reference_copies": ref_copies,
-        "realigned_inputs": realigned,
-        "extra_copies": extra,
-        "copies_allowed": ctx.copies_allowed,
-        "empty_input": empty_input,
-        "trace": str(trace.path),
-    }
+    obs.hits = sorted({n for h in expect_hits.values() for n in h})
+    obs.realigned = realigned
     problems = []
+    if obs.note:
+        problems.append(obs.note)
     if missing:
-        problems.append(f"expected {', '.join(missing)} did not run")
+        empty = " (the input is empty, but the op ran other work)" if empty_input else ""
+        problems.append(f"expected {', '.join(missing)} did not run{empty}")
     if forbidden:
         problems.append(
             "forbidden ran: " + ", ".join(sorted({n for hits in forbidden.values() for n in hits}))
@@ -174,14 +162,57 @@ def run(ctx: CellContext) -> CheckResult:
     if extra > ctx.copies_allowed:
         problems.append(
             f"{extra} hidden cop{'y' if extra == 1 else 'ies'} (allowed {ctx.copies_allowed}): "
-            + "; ".join(op_copies)
+            + "; ".join(obs.copies)
         )
-    if problems:
-        listing = ", ".join(ran[:12]) + (" ..." if len(ran) > 12 else "")
-        return CheckResult(NAME, Verdict.FALLBACK, "; ".join(problems) + f" (ran: {listing})", details)
-    hits = sorted({n for h in expect_hits.values() for n in h})
-    note = f"; Inductor realigned {len(realigned)} misaligned input(s) before it" if realigned else ""
-    return CheckResult(NAME, Verdict.PASS, f"ran {', '.join(hits) or 'no forbidden kernel'}{note}", details)
+    return problems
+
+
+def run(ctx: CellContext) -> CheckResult:
+    artifact = ctx.artifact
+    assert artifact is not None
+    sample = ctx.inputs()[0]
+    empty_input = is_empty(sample)
+    try:
+        observed = observe_mode(ctx, artifact, empty_input)
+    except ProfilerBroken as exc:
+        return CheckResult(NAME, Verdict.ERROR, str(exc), exc.details)
+    ref_sample = ctx.inputs()[0]
+    call(ctx.reference, ref_sample)
+    ref_trace, _ = profile_call(
+        lambda: call(ctx.reference, ref_sample),
+        ctx.device_kind,
+        ctx.workdir / f"trace-{ctx.mode}-reference.json",
+    )
+    ref_copies = ref_trace.copies()
+    failures: list[str] = []
+    for obs in observed:
+        problems = judge(ctx, obs, ref_copies, empty_input)
+        if problems:
+            prefix = f"{obs.label}: " if obs.label else ""
+            listing = ", ".join(obs.ran[:12]) + (" ..." if len(obs.ran) > 12 else "")
+            failures.append(prefix + "; ".join(problems) + f" (ran: {listing})")
+    main = observed[0]
+    ctx.kernels = main.ran
+    details: dict[str, Any] = {
+        "device_kind": ctx.device_kind,
+        "mode": ctx.mode,
+        "empty_input": empty_input,
+        **main.details,
+    }
+    if len(observed) > 1:
+        details["programs"] = {obs.label or "main": obs.details for obs in observed}
+    if failures:
+        return CheckResult(NAME, Verdict.FALLBACK, " | ".join(failures), details)
+    hits = sorted({n for obs in observed for n in obs.hits})
+    waived = "; zero-size input, nothing launched (expect waived)" if main.details["expect_waived"] else ""
+    note = (
+        f"; Inductor realigned {len(main.realigned)} misaligned input(s) before it" if main.realigned else ""
+    )
+    where = f" in {len(observed)} programs ({', '.join(o.label or 'ep.module()' for o in observed)})"
+    where = where if len(observed) > 1 else ""
+    return CheckResult(
+        NAME, Verdict.PASS, f"ran {', '.join(hits) or 'no forbidden kernel'}{where}{waived}{note}", details
+    )
 
 
 CHECKS = (Check(NAME, applies, run),)

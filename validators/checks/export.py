@@ -1,11 +1,13 @@
-"""export: ``torch.export.export`` must keep the op as one node of the graph.
+"""export: ``torch.export.export`` must keep the op as one node of the graph, also once lowered.
 
-An op that exports by being traced *through* (a CompositeImplicitAutograd
-registration, a Python function around aten calls) exports fine and computes
-the right numbers, but the deployed graph no longer calls its kernel: that is a
-``fallback``, listing what the graph holds instead.  The exported program's
-numbers are judged by the mode's correctness check, which runs
-``ExportedProgram.module()`` on the same inputs.
+An op that exports by being traced *through* (a Python function around aten
+calls) exports fine and computes the right numbers, but the deployed graph no
+longer calls its kernel: that is a ``fallback``, listing what the graph holds
+instead.  ``torch.export`` keeps a CompositeImplicitAutograd op as a node, and
+``ep.run_decompositions()`` (the form AOTInductor and ExecuTorch lower)
+decomposes it: so the node must be in both graphs.  The op is exported inside
+its graph (:mod:`validators.checks.opgraph`); the programs' numbers are judged
+by the mode's correctness check and what they run by the evidence check.
 """
 
 from __future__ import annotations
@@ -36,11 +38,18 @@ def graph_ops(ep: torch.export.ExportedProgram) -> list[str]:
 def applies(ctx: CellContext) -> str | None:
     if not isinstance(ctx.artifact, Exported):
         return f"mode {ctx.mode} does not export"
+    if ctx.artifact.failure is not None:
+        return f"not exported: {ctx.artifact.failure}"
     return None
 
 
+def _missing(qual: str, ops: list[str], what: str) -> str:
+    held = ", ".join(dict.fromkeys(ops)) or "no operator"
+    return f"{what} does not call {qual}; the graph holds: {held}"
+
+
 def check_graphs(ctx: CellContext, name: str) -> CheckResult:
-    """Export every shape; the op's qualname must appear in each graph."""
+    """Export every shape; the op's qualname must appear in each graph, before and after decomposition."""
     artifact = ctx.artifact
     assert isinstance(artifact, Exported)
     qual = ctx.impl.qualname.split(".", 1)[0] if ctx.impl.qualname else None
@@ -48,19 +57,28 @@ def check_graphs(ctx: CellContext, name: str) -> CheckResult:
     for shape, sample in zip(ctx.shapes, ctx.inputs(), strict=True):
         try:
             ep = artifact.program(sample)
+            lowered = artifact.decomposed(sample)
         except ArtifactError as exc:
-            return CheckResult(name, Verdict.FAIL, str(exc), {"shape": list(shape)})
-        ops = graph_ops(ep)
-        graphs.append({"shape": list(shape), "ops": ops})
-        if qual is not None and qual not in ops:
-            held = ", ".join(dict.fromkeys(ops)) or "no operator"
-            return CheckResult(
-                name,
-                Verdict.FALLBACK,
-                f"exported graph does not call {qual} (it was traced through); the graph holds: {held}",
-                {"graphs": graphs},
+            return CheckResult(name, Verdict.FAIL, str(exc), {"shape": list(shape), "graphs": graphs})
+        ops, lowered_ops = graph_ops(ep), graph_ops(lowered)
+        graphs.append({"shape": list(shape), "ops": ops, "decomposed_ops": lowered_ops})
+        if qual is None:
+            continue
+        if qual not in ops:
+            problem = _missing(qual, ops, "exported graph") + " (the op was traced through)"
+        elif qual not in lowered_ops:
+            problem = (
+                _missing(
+                    qual,
+                    lowered_ops,
+                    "after run_decompositions() (what AOTInductor and ExecuTorch lower) the graph",
+                )
+                + " (a CompositeImplicitAutograd kernel decomposed it)"
             )
-    what = f"keeps {qual}" if qual else "exported (no qualname to look for)"
+        else:
+            continue
+        return CheckResult(name, Verdict.FALLBACK, problem, {"graphs": graphs})
+    what = f"keeps {qual}, also after run_decompositions()" if qual else "exported (no qualname to look for)"
     return CheckResult(
         name, Verdict.PASS, f"{len(graphs)} shape(s) exported, graph {what}", {"graphs": graphs}
     )

@@ -26,12 +26,23 @@ from opgate.validators.result import CheckResult, Verdict
 SUBTESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
-def lookup(qualname: str) -> Any:
-    """``ns::name[.overload]`` -> the registered OpOverloadPacket (or OpOverload)."""
+def lookup(qualname: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    """``ns::name[.overload]`` -> the OpOverload opcheck tests.
+
+    opcheck refuses a packet with several overloads (``.default`` and
+    ``.out``): without a named overload, the one the dispatcher picks for the
+    cell's own arguments is tested, as a call of the op would.
+    """
     ns, _, rest = qualname.partition("::")
     name, _, overload = rest.partition(".")
     packet = getattr(getattr(torch.ops, ns), name)
-    return getattr(packet, overload) if overload else packet
+    if overload:
+        return getattr(packet, overload)
+    overloads = packet.overloads()
+    if len(overloads) <= 1:
+        return packet
+    chosen = torch._C._jit_resolve_packet(f"{ns}::{name}", *args, **(kwargs or {}))
+    return getattr(packet, chosen or "default")
 
 
 def applies(ctx: CellContext) -> str | None:
@@ -43,8 +54,8 @@ def applies(ctx: CellContext) -> str | None:
 def _runner(subtest: str) -> Any:
     def run(ctx: CellContext) -> CheckResult:
         assert ctx.impl.qualname is not None
-        op = lookup(ctx.impl.qualname)
         sample = ctx.inputs()[0]
+        op = lookup(ctx.impl.qualname, sample.args, sample.kwargs)
         if torch.is_floating_point(torch.empty((), dtype=ctx.dtype)):
             sample = with_grad(sample)
         result = torch.library.opcheck(

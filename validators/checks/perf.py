@@ -80,19 +80,25 @@ def _round(value: float | None, digits: int = 2) -> float | None:
 
 
 def _callables(ctx: CellContext) -> tuple[Any, Any, str]:
-    """(op artifact, baseline callable taking a SampleInput, baseline name) for the cell's mode."""
+    """(op artifact, baseline callable taking a SampleInput, baseline name) for the cell's mode.
+
+    The op is timed alone, against the spec's bare reference: the producer and
+    consumer the cell's compiled graph holds (:mod:`validators.checks.opgraph`)
+    are the context's cost, not the op's.
+    """
     import torch
 
+    from opgate.ops.spec import resolve
     from opgate.validators.checks.artifacts import Artifact, Compiled
 
     op: Artifact
     if ctx.mode == "compile":
-        op = ctx.artifact if isinstance(ctx.artifact, Compiled) else Compiled(ctx.op, ctx.spec.dynamic_shapes)
+        op = Compiled(ctx.op, ctx.spec.dynamic_shapes, in_graph=False)
     else:
         op = ctx.artifact if ctx.artifact is not None else Artifact(ctx.op)
-    ref, name = ctx.reference, "reference"
+    ref, name = resolve(ctx.spec.reference, ctx.spec.root), "reference"
     if ctx.mode == "compile" and ctx.cell.override("perf_baseline") == "compile":
-        ref = torch.compile(ctx.reference, dynamic=True if ctx.spec.dynamic_shapes else None)
+        ref = torch.compile(ref, dynamic=True if ctx.spec.dynamic_shapes else None)
         name = "compile(reference)"
     return op, (lambda s: ref(*s.args, **s.kwargs)), name
 

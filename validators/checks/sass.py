@@ -41,8 +41,13 @@ def applies(ctx: CellContext) -> str | None:
     binaries = ctx.impl.binaries
     if ctx.impl.kind == "external" and (binaries.get("files") or binaries.get("loaded")):
         return None
-    if ctx.impl.kind != "cuda":
+    if ctx.impl.kind == "triton":
         return "Triton kernels are compiled for the running device"
+    if ctx.impl.kind != "cuda":
+        return (
+            f"kind {ctx.impl.kind}: the spec names no binaries (binaries.files / loaded) whose machine code "
+            "could be inspected"
+        )
     return None
 
 

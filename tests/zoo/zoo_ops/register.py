@@ -27,21 +27,22 @@ def rms_backward(
     return dx.to(x.dtype), dw.to(w.dtype)
 
 
+def _fake(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
 def register(
     name: str,
     forward: Callable[..., torch.Tensor],
     *,
     fake: bool = True,
+    fake_impl: Callable[..., torch.Tensor] = _fake,
     backward: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rms_backward,
 ) -> Any:
-    """``zoo::name`` as an opaque custom op; ``fake=False`` plants a missing fake impl."""
+    """``zoo::name`` as an opaque custom op; ``fake=False``/``fake_impl`` plant a missing or lying fake."""
     op = torch.library.custom_op(f"zoo::{name}", forward, mutates_args=())
     if fake:
-
-        def _fake(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-            return x.new_empty(x.shape)
-
-        op.register_fake(_fake)
+        op.register_fake(fake_impl)
 
     def setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
         x, w, eps = inputs
