@@ -30,17 +30,16 @@ import contextlib
 import json
 import os
 import random
-import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opgate.matrix.cell import Cell
-from opgate.matrix.errors import CellsFailed, OpgateError
+from opgate.matrix.errors import CellsFailed
 from opgate.matrix.files import write_output
 from opgate.validators import controls, device, env
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
@@ -50,6 +49,7 @@ from opgate.validators.cache import default_root as default_cache_root
 from opgate.validators.collect import SKIPPED_FILE, write_planned, write_run
 from opgate.validators.device import Gpu, MachineShare, Placement, plan_cells
 from opgate.validators.limits import memory_for, timeout_for
+from opgate.validators.options import RunOptions, repro_command
 from opgate.validators.outdir import clear_outputs, write_json
 from opgate.validators.outlock import OutputLock
 from opgate.validators.pool import Attempt, Pool, Task
@@ -68,42 +68,6 @@ def _say(text: str) -> None:
         print(text, flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit too
-
-
-REPRO_OUT = "/tmp/opgate-repro"  # noqa: S108 - a suggestion printed for humans, never written by opgate
-
-
-@dataclass
-class RunOptions:
-    out: Path
-    config: Path | None = None
-    select: Sequence[str] = ()
-    skip: Sequence[str] = ()
-    ops_paths: Sequence[Path] = ()
-    jobs: int | None = None
-    gpu_workers: int = 1  # workers sharing each GPU (cells are mostly host-bound compile work)
-    timeout_s: float | None = None  # overrides every cell's timeout for this run
-    memory_mb: int | None = None  # overrides every cell's worker memory limit for this run
-    retries: int = 1
-    seed: int | None = None
-    progress: bool = True
-    use_cache: bool = True  # serve unchanged cells' verdicts from the cache (--no-cache: re-run all)
-    cache_dir: Path | None = None
-    changed_since: str | None = None  # git ref: only the cells a diff since it can affect
-    argv: Sequence[str] = ()
-
-
-def repro_command(cell_id: str, seed: int | None, options: RunOptions) -> str:
-    """One line that re-runs just this cell with the same inputs (seed) and op folders."""
-    quoted = f"'{cell_id}'" if shlex.quote(cell_id) == cell_id else shlex.quote(cell_id)
-    parts = ["opgate run", f"--select {quoted}"]
-    if seed is not None:
-        parts.append(f"--seed {seed}")
-    if options.config is not None:
-        parts.append(f"--config {shlex.quote(str(Path(options.config).resolve()))}")
-    parts += [f"--ops-path {shlex.quote(str(Path(p).resolve()))}" for p in options.ops_paths]
-    parts.append(f"--out {REPRO_OUT}")
-    return " ".join(parts)
 
 
 def _now() -> str:
@@ -239,19 +203,9 @@ class Runner:
             from opgate.matrix.changes import narrow_to_changes
 
             cells, self.changes = narrow_to_changes(cells, self._specs, opts.config, opts.changed_since)
-        listed: list[dict[str, Any]] = []
-        if device.gpu_hardware_possible():
-            t = time.monotonic()
-            fast = env.list_gpus()
-            if fast is not None:
-                listed = fast
-            else:
-                try:
-                    self._probe = env.probe(self.python)
-                except (OSError, RuntimeError, ValueError) as exc:
-                    raise OpgateError(f"cannot probe this machine's GPUs: {exc}") from exc
-                listed = list(self._probe.get("gpus") or [])
-            self.timings["probe_s"] = time.monotonic() - t
+        t = time.monotonic()
+        listed, self._probe = env.visible_gpus(self.python)
+        self.timings["probe_s"] = time.monotonic() - t
         self._gpus = device.gpus_from_fingerprint({"gpus": listed})
         finder = device.default_nvcc_finder()
         torch_cuda = device.installed_torch_cuda()
