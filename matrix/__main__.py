@@ -15,11 +15,16 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from opgate.matrix import expand_torches, load_cells, narrow
+from opgate.matrix import expand_torches, narrow
 from opgate.matrix.errors import UsageError
 from opgate.matrix.files import write_output
 from opgate.matrix.guard import guarded
+
+if TYPE_CHECKING:
+    from opgate.matrix.cell import Cell
+    from opgate.matrix.config import MatrixConfig
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +44,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="VERSION",
         help="torch version standing in for 'installed' (default: metadata); repeat for several",
+    )
+    parser.add_argument(
+        "--changed-since",
+        default=None,
+        metavar="REF",
+        help="only cells a git diff since REF can affect (every cell when harness code changed)",
     )
 
 
@@ -95,8 +106,25 @@ def _runners(
     return runners
 
 
+def _cells(args: argparse.Namespace) -> tuple[list[Cell], list[Cell], MatrixConfig]:
+    """(universe, selected cells, config): the config's cells, then --select/--skip, then --changed-since."""
+    from opgate.matrix.config import load_config
+    from opgate.ops.spec import load_specs
+
+    config = load_config(args.config)
+    specs = load_specs(args.ops_path)
+    universe = expand_torches(config, specs, args.torch)
+    cells = narrow(universe, args.select, args.skip)
+    if args.changed_since is not None:
+        from opgate.matrix.changes import narrow_to_changes
+
+        cells, affected = narrow_to_changes(cells, specs, args.config, args.changed_since)
+        print(f"opgate: {affected.describe()}: {len(cells)} cell(s)", file=sys.stderr)
+    return universe, cells, config
+
+
 def _list(args: argparse.Namespace) -> str:
-    cells = load_cells(args.config, args.ops_path, args.select, args.skip, torch_version=args.torch)
+    _, cells, _ = _cells(args)
     if args.json:
         return json.dumps([c.to_json() for c in cells], indent=1)
     return "\n".join(c.id for c in cells)
@@ -104,15 +132,11 @@ def _list(args: argparse.Namespace) -> str:
 
 def _plan(args: argparse.Namespace) -> str:
     from opgate.matrix import plan as planmod
-    from opgate.matrix.config import load_config
-    from opgate.ops.spec import load_specs
 
     if args.target_s is not None and not 0 < args.target_s < math.inf:
         raise UsageError(f"--target-s {args.target_s}: must be a number > 0")
-    config = load_config(args.config)
+    universe, cells, config = _cells(args)
     runners = _runners(config.runners, args.runner)
-    universe = expand_torches(config, load_specs(args.ops_path), args.torch)
-    cells = narrow(universe, args.select, args.skip)
     plan = planmod.make_plan(
         cells,
         runners,

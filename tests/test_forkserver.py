@@ -111,3 +111,21 @@ def test_a_fork_server_whose_preload_touched_cuda_is_refused(
         worker.wait(timeout=10)
     finally:
         launcher.stop()
+
+
+def test_build_workers_fork_from_the_cuda_server_never_from_the_cpu_one(tmp_path: Path) -> None:
+    """One torch import per GPU run; a cpu server's Triton (imported for the interpreter) cannot build."""
+    cfg = WorkerConfig(logs=tmp_path, module="tests.fixtures_runner.fake_worker", fork_server=True)
+    for kinds, route in (
+        (["build", "cuda"], {"build": "cuda", "cuda": "cuda"}),
+        (["build", "cpu"], {"build": "build", "cpu": "cpu"}),
+        (["build"], {"build": "build"}),
+    ):
+        launcher = Launcher(cfg)
+        launcher.prestart(kinds)
+        try:
+            assert launcher.route == route
+            assert sorted(launcher.servers) == sorted(set(route.values()))
+        finally:
+            launcher.stop()
+    assert not Launcher(WorkerConfig(logs=tmp_path)).forks("cpu")  # no server: spares stay useful

@@ -10,7 +10,7 @@ import pytest
 from opgate.matrix.cell import Cell
 from opgate.validators.__main__ import main
 from opgate.validators.breakdown import breakdown, category, format_breakdown
-from opgate.validators.runner import longest_first
+from opgate.validators.schedule import longest_first
 
 
 def _cell(cid: str, checks: dict[str, float], duration: float) -> dict[str, object]:

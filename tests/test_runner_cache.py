@@ -97,6 +97,8 @@ def test_rerun_serves_unchanged_ops_and_reruns_the_changed_one(tmp_path: Path) -
     second = opgate_run(ops, tmp_path / "2", cache)
     assert sorted(second["cached_cells"]) == ids
     assert second["workers"] == []  # nothing ran
+    assert second["fork_server_preload_s"] == {}  # and nothing was started: no torch import at all
+    assert not list((tmp_path / "2" / "logs" / "workers").glob("forkserver-*.log"))
     assert [c.to_json() for c in second["results"].cells] == [c.to_json() for c in first["results"].cells]
     for cell_id in ids:  # a served cell keeps the log of the run that produced its verdict
         log = (tmp_path / "2" / "logs" / f"{cell_id}.log").read_text()

@@ -50,3 +50,18 @@ def test_collect_refuses_an_empty_run(tmp_path: Path) -> None:
     assert proc.returncode == 7
     assert "no finished cell records" in proc.stderr
     assert not (tmp_path / "results.json").exists()
+
+
+def test_collect_reads_the_skipped_cells_written_in_one_file(tmp_path: Path) -> None:
+    """The plan's skips are one ``cells/skipped.jsonl`` (most of a CPU machine's matrix), not a file each."""
+    from opgate.validators.collect import SKIPPED_FILE, collect
+
+    (tmp_path / "cells").mkdir()
+    ran = _record("contiguous", Verdict.PASS)
+    (tmp_path / "cells" / f"{ran.id}.json").write_text(json.dumps(ran.to_json()))
+    gpu = Cell("rms_norm", "triton", "2.13.0", "13.0", "sm_90", "fp32", "contiguous", "eager")
+    skipped = [CellResult(gpu, Verdict.SKIP, ran.env, reason="no sm_90 device here")]
+    (tmp_path / "cells" / SKIPPED_FILE).write_text("".join(json.dumps(r.to_json()) + "\n" for r in skipped))
+    run = collect(tmp_path)
+    assert {c.id: c.verdict for c in run.cells} == {ran.id: Verdict.PASS, gpu.id: Verdict.SKIP}
+    assert run.cells[[c.id for c in run.cells].index(gpu.id)].reason == "no sm_90 device here"

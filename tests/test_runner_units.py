@@ -95,6 +95,40 @@ def test_cells_of_another_torch_are_left_out_not_skipped() -> None:
     assert plan_cells(cells, {}, None, [], None).cells == []  # no torch installed: nothing is ours
 
 
+def test_each_nvcc_is_looked_up_once_and_a_cpu_only_torch_skips_cuda_builds_at_plan_time() -> None:
+    """Build cells of a CUDA C++ op cannot exist beside a CPU-only torch: a skip no worker is started for."""
+
+    class Impl:
+        def __init__(self, kind: str) -> None:
+            self.kind, self.requires = kind, []
+
+    class Spec:
+        implementations: ClassVar[dict[str, object]] = {"cuda": Impl("cuda"), "triton": Impl("triton")}
+
+    asked: list[str] = []
+
+    def finder(version: str) -> str:
+        asked.append(version)
+        return f"/opt/cuda-{version}/bin/nvcc"
+
+    cells = [
+        cell("sm_90", "build", impl=impl, cuda=cuda)
+        for impl in ("cuda", "triton")
+        for cuda in ("13.0", "13.2")
+        for _ in range(3)
+    ]
+    cells = [Cell(**{**c.axes(), "shapes": f"s{i}"}) for i, c in enumerate(cells)]
+    plan = plan_cells(cells, {"rms_norm": Spec()}, "2.13.0+cpu", [], finder, torch_cuda=None)
+    assert sorted(asked) == ["13.0", "13.2"]  # once per version, not once per cell
+    kinds = {(c.impl, plan.placements[c.id].kind) for c in cells}
+    assert kinds == {("cuda", None), ("triton", "build")}
+    reason = next(plan.placements[c.id].skip_reason for c in cells if c.impl == "cuda")
+    assert reason == "torch 2.13.0+cpu is CPU-only: no CUDA extension can be built for it"
+    gpu_torch = plan_cells(cells, {"rms_norm": Spec()}, "2.13.0+cpu", [], finder, torch_cuda="13.0")
+    assert {gpu_torch.placements[c.id].kind for c in cells} == {"build"}
+    assert device.installed_torch_cuda() in (None, "") or "." in str(device.installed_torch_cuda())
+
+
 # -- timeouts, seeds, repro --------------------------------------------------------------------
 def test_timeout_precedence() -> None:
     assert timeout_for(cell(mode="eager"), None) == 120.0
@@ -289,3 +323,22 @@ def test_summary_names_each_bad_cell_with_its_reason_and_repro(tmp_path: Path) -
     at = lines.index(f"  fail     {bad.id}: correctness: err 0.5 > allowed 0.1")
     assert lines[at + 1] == "           repro: opgate run X"
     assert "opgate run Y" not in text  # a passing cell needs no repro
+
+
+def test_a_previous_runs_cell_files_are_moved_aside_and_deleted_in_the_background(tmp_path: Path) -> None:
+    import time
+
+    from opgate.validators.outdir import OLD_OUTPUTS, clear_outputs
+
+    for name in ("cells/a.json", "controls/c.json", "logs/a.log", "logs/workers/w.log", "mine.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "results.json").write_text("{}")
+    clear_outputs(tmp_path)
+    for gone in ("cells", "controls", "logs", "results.json"):
+        assert not (tmp_path / gone).exists(), gone
+    deadline = time.monotonic() + 30
+    while list(tmp_path.glob(f"{OLD_OUTPUTS}*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob(f"{OLD_OUTPUTS}*")) == []
+    assert (tmp_path / "mine.txt").exists()  # not opgate's: left alone

@@ -75,6 +75,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="verdict cache (default $OPGATE_CACHE or ~/.cache/opgate/verdicts)",
     )
+    run.add_argument(
+        "--changed-since",
+        metavar="REF",
+        help="only the cells a git diff since REF can affect: its ops, the ops importing its files "
+        "(every cell when validator code or the matrix config changed)",
+    )
     collect = sub.add_parser(
         "collect", help="write results.json and junit.xml from the cells/ of an interrupted run"
     )
@@ -164,6 +170,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         progress=not args.no_progress,
         use_cache=not args.no_cache,
         cache_dir=args.cache_dir,
+        changed_since=args.changed_since,
         argv=["python", "-m", "opgate.validators", *argv],
     )
     runner = Runner(options)

@@ -8,8 +8,8 @@ everything (and refreshes the cache).
 
 What goes into the key, and why:
 
-* **op sources**: every source file in the op's folder, plus the loose
-  ``*.py`` files next to that folder (``ops/base.py``, shared utilities), plus
+* **op sources**: the op's spec, the Python its references import (followed
+  through imports: :mod:`opgate.matrix.sources`) and its CUDA sources, plus
   the installed version of every distribution the implementation requires;
 * **validators**: every ``*.py`` of the ``validators`` package (a new check
   or a fixed tolerance rule re-judges everything);
@@ -23,34 +23,25 @@ Only settled verdicts are stored (pass, fail, fallback, unsupported); an
 
 from __future__ import annotations
 
-import ast
+import functools
 import hashlib
 import json
 import os
 import platform
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import ResultsFormatError
+from opgate.matrix.sources import OPGATE_DIR, op_source_files, source_files
 from opgate.validators.result import CellResult, Verdict
 
 CACHE_VERSION = 1
 CACHEABLE = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.FALLBACK, Verdict.UNSUPPORTED})
-SOURCE_SUFFIXES = frozenset(
-    {".py", ".yaml", ".yml", ".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp", ".inl"}
-)
-#: What a CUDA C++ implementation's folder contributes (its .py files count only if imported).
-CUDA_SUFFIXES = frozenset({".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp", ".inl"})
 VALIDATORS_DIR = Path(__file__).resolve().parent
-#: The folder holding opgate's stages (``matrix``, ``validators``, ``ops``, ``reports``): the
-#: checkout's root, or ``site-packages/opgate`` once installed.
-OPGATE_DIR = VALIDATORS_DIR.parent
-#: Headers shared by every opgate CUDA op (on each build's include path).
-SHARED_CUDA = OPGATE_DIR / "ops" / "_cuda"
 
 
 def user_cache_dir() -> Path:
@@ -65,93 +56,6 @@ def default_root() -> Path:
     return Path(env) if env else user_cache_dir() / "verdicts"
 
 
-def _source_files(
-    folder: Path, recursive: bool, suffixes: frozenset[str] = frozenset({".py"})
-) -> Iterable[Path]:
-    if not folder.is_dir():
-        return
-    pattern = folder.rglob("*") if recursive else (p for p in folder.iterdir() if p.suffix in suffixes)
-    for path in sorted(pattern):
-        rel = path.relative_to(folder).parts
-        if (
-            path.is_file()
-            and path.suffix in SOURCE_SUFFIXES
-            and not any(p.startswith(".") or p in ("__pycache__", "build") for p in rel)
-        ):
-            yield path
-
-
-def _module_file(name: str, roots: Sequence[Path]) -> Path | None:
-    """The file of module ``name``: opgate's own (``opgate.<stage>...``) or under one of ``roots``.
-
-    None for everything else: a third-party module is covered by its version in
-    the environment key, and never walked (site-packages is not an op's source).
-    """
-    parts = name.split(".")
-    if parts[0] == "opgate":
-        roots, parts = [OPGATE_DIR], parts[1:]
-        if not parts:
-            return None
-    for root in roots:
-        base = root.joinpath(*parts)
-        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-            if candidate.is_file():
-                return candidate
-    return None
-
-
-def _imported(path: Path, module: str) -> set[str]:
-    """Module names ``path`` imports (``from a import b`` also yields ``a.b``: it may be a module)."""
-    try:
-        tree = ast.parse(path.read_text(errors="replace"))
-    except SyntaxError:
-        return set()
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*anchor, *([base] if base else [])])
-            names.add(base)
-            names.update(f"{base}.{a.name}" for a in node.names)
-    return {n for n in names if n}
-
-
-def op_source_files(spec: Any) -> list[Path]:
-    """Every file an op's verdict depends on: its spec, the Python it imports, its CUDA sources.
-
-    Followed from the spec's own references (entry, module, reference, samples)
-    through their imports, so a shared helper (``ops/_triton_util.py``) or a
-    sibling op's kernels that ``fused_add_rms_norm`` imports are covered, while an
-    unrelated op's change (or a self-test script nothing imports) is not.
-    Third-party modules are covered by their versions in the environment key.
-    """
-    roots = [Path(spec.root).resolve()] if spec.root is not None else []
-    todo = [ref.split(":")[0] for ref in (spec.reference, spec.samples)]
-    files: dict[Path, None] = {Path(spec.path).resolve(): None}
-    for impl in spec.implementations.values():
-        todo += [m for m in (impl.module, (impl.entry or "").split(":")[0]) if m]
-        for src in impl.sources or []:
-            folder = (Path(spec.path).resolve().parent / src).parent
-            files.update(dict.fromkeys(_source_files(folder, recursive=False, suffixes=CUDA_SUFFIXES)))
-            files.update(dict.fromkeys(_source_files(SHARED_CUDA, recursive=False, suffixes=CUDA_SUFFIXES)))
-    done: set[str] = set()
-    while todo:
-        module = todo.pop()
-        if module in done:
-            continue
-        done.add(module)
-        path = _module_file(module, roots)
-        if path is not None:
-            files[path.resolve()] = None
-            todo += sorted(_imported(path, module) - done)
-    return sorted(files)
-
-
 def tree_digest(files: Iterable[Path], base: Path) -> str:
     h = hashlib.sha256()
     for path in files:
@@ -159,7 +63,9 @@ def tree_digest(files: Iterable[Path], base: Path) -> str:
     return h.hexdigest()
 
 
+@functools.cache
 def _version(dist: str) -> str:
+    """Asked per cell key; fixed for the run (a metadata scan costs ~1 ms)."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -185,11 +91,12 @@ class VerdictCache:
     def __init__(self, root: Path, environment: Mapping[str, Any]) -> None:
         self.root = root
         self._env = json.dumps(environment, sort_keys=True)
-        self._validators = tree_digest(_source_files(VALIDATORS_DIR, recursive=True), VALIDATORS_DIR)
-        self._ops: dict[Path, str] = {}
+        self._validators = tree_digest(source_files(VALIDATORS_DIR, recursive=True), VALIDATORS_DIR)
+        self._ops: dict[str, str] = {}
+        self._keys: dict[tuple[str, str, str], str] = {}  # a run asks for each key twice (has, get)
 
     def _op_digest(self, spec: Any) -> str:
-        path = Path(spec.path).resolve()
+        path = str(spec.path)  # asked per cell: no resolve() (a realpath per call) in the lookup
         if path not in self._ops:
             h = hashlib.sha256()
             for file in op_source_files(spec):
@@ -199,6 +106,10 @@ class VerdictCache:
         return self._ops[path]
 
     def key(self, cell: Cell, spec: Any) -> str:
+        memo = (str(spec.path), cell.id, repr(cell.overrides))
+        cached = self._keys.get(memo)
+        if cached is not None:
+            return cached
         impl = spec.implementations.get(cell.impl)
         requires = {d: _version(d) for d in getattr(impl, "requires", []) or []}
         material = {
@@ -209,10 +120,16 @@ class VerdictCache:
             "validators": self._validators,
             "env": self._env,
         }
-        return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+        key = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+        self._keys[memo] = key
+        return key
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
+
+    def has(self, cell: Cell, spec: Any) -> bool:
+        """Whether a record is stored for the cell (cheap: before any worker starts, per cell)."""
+        return self._path(self.key(cell, spec)).is_file()
 
     def get(self, cell: Cell, spec: Any, log: Path | None = None) -> CellResult | None:
         """The stored record, or None; its worker log is copied to ``log`` (a served cell keeps its log)."""

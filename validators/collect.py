@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from opgate.matrix.errors import ResultsFormatError
-from opgate.matrix.files import expect_type, read_json, write_output
+from opgate.matrix.files import MAX_JSON_BYTES, expect_type, parse_json, read_json, read_text, write_output
 from opgate.validators.junit import write_junit
 from opgate.validators.result import CellResult, RunResults
 
 PLANNED_FILE = "planned.json"
+#: The records of the cells a run skipped at plan time, one per line (the runner writes them at once).
+SKIPPED_FILE = "skipped.jsonl"
 
 
 def _read(path: Path) -> CellResult:
@@ -49,6 +51,22 @@ def read_planned(out: Path) -> list[str] | None:
     return [str(c) for c in planned]
 
 
+def _read_lines(path: Path) -> list[CellResult]:
+    """The records of ``skipped.jsonl``, one per line, each read as :func:`_read` reads a file."""
+    text = read_text(path, what="skipped cell records", limit=MAX_JSON_BYTES, error=ResultsFormatError)
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        record = parse_json(line, f"{path}:{n}", what="skipped cell record", error=ResultsFormatError)
+        expect_type(record, dict, f"{path}:{n}", "a cell record", ResultsFormatError)
+        try:
+            records.append(CellResult.from_json(record))
+        except ResultsFormatError as exc:
+            raise ResultsFormatError(f"{path}:{n}: {exc}") from None
+    return records
+
+
 def write_run(run: RunResults, out: Path) -> dict[str, Any]:
     """Write a run's ``results.json`` and ``junit.xml`` (complete or collected); return the results."""
     doc = run.write(out / "results.json")
@@ -57,13 +75,16 @@ def write_run(run: RunResults, out: Path) -> dict[str, Any]:
 
 
 def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted") -> RunResults:
-    """Read ``out/cells/*.json`` and ``out/controls/*.json``; write ``results.json`` and ``junit.xml``.
+    """Read ``out/cells/*.json`` (and ``skipped.jsonl``) and ``out/controls/*.json``; write ``results.json``
+    and ``junit.xml``.
 
     Op cells are kept as recorded: a cell the run had not yet compared with its
     control when it was cut short keeps its own verdict.
     """
     cells_dir = out / "cells"
     records = [_read(path) for path in sorted(cells_dir.glob("*.json"))]
+    if (cells_dir / SKIPPED_FILE).is_file():
+        records += _read_lines(cells_dir / SKIPPED_FILE)
     if not records:
         raise ResultsFormatError(f"{cells_dir}: no finished cell records to collect")
     env = next((r.env for r in records if r.env), {})

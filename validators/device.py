@@ -15,6 +15,7 @@ Worker kinds, each its own process environment (see :mod:`validators.worker`):
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import shutil
@@ -72,6 +73,28 @@ def installed_torch() -> str | None:
         return None
 
 
+def installed_torch_cuda() -> str | None:
+    """The CUDA version the installed torch was built for (None: a CPU-only build), without importing it.
+
+    Read from ``torch/version.py`` (``cuda: Optional[str] = '13.0'``), so a build
+    cell that cannot exist here (a CUDA extension for a CPU-only torch) is a
+    skip decided before any worker starts.  "" when it cannot be told.
+    """
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        text = Path(spec.origin).with_name("version.py").read_text() if spec and spec.origin else ""
+    except (ImportError, OSError, ValueError):
+        return ""
+    found = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(.+?)\s*$", text, re.MULTILINE)
+    if found is None:
+        return ""
+    value = found.group(1).strip("'\"")
+    return None if value == "None" else value
+
+
 def is_this_torch(cell: Cell, torch_version: str | None) -> bool:
     """Cells of another torch major.minor belong to another environment's run."""
     return torch_version is not None and torch_major_minor(cell.torch) == torch_major_minor(torch_version)
@@ -93,7 +116,9 @@ def missing_distributions(requires: Sequence[str]) -> list[str]:
     return [dist for dist in requires if not _installed(dist)]
 
 
+@functools.cache
 def _installed(dist: str) -> bool:
+    """Asked per cell; the answer cannot change within a run (a metadata scan costs ~1 ms)."""
     try:
         metadata.distribution(dist)
     except metadata.PackageNotFoundError:
@@ -112,6 +137,30 @@ def default_nvcc_finder() -> NvccFinder | None:
         return None
     finder: NvccFinder | None = getattr(toolchain, "provide_nvcc", None)
     return finder
+
+
+def _memoized(finder: NvccFinder, versions: Sequence[str]) -> NvccFinder:
+    """``finder`` answered once per version, the given versions looked up in parallel threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(version: str) -> tuple[str | os.PathLike[str] | None, Exception | None]:
+        try:
+            return finder(version), None
+        except Exception as exc:  # noqa: BLE001 - re-raised to each caller, as the finder would
+            return None, exc
+
+    with ThreadPoolExecutor(max_workers=max(1, len(versions))) as pool:
+        answers = dict(zip(versions, pool.map(ask, versions), strict=True))
+
+    def memo(version: str) -> str | os.PathLike[str] | None:
+        if version not in answers:
+            answers[version] = ask(version)
+        found, exc = answers[version]
+        if exc is not None:
+            raise exc
+        return found
+
+    return memo
 
 
 def find_nvcc(version: str, finder: NvccFinder | None) -> tuple[str | None, str]:
@@ -186,17 +235,33 @@ def plan_cells(
     torch_version: str | None,
     gpus: Sequence[Gpu],
     nvcc_finder: NvccFinder | None,
+    *,
+    torch_cuda: str | None = "",
 ) -> MachineShare:
-    """Leave out other torch versions' cells; place or skip the rest (see :func:`place`)."""
+    """Leave out other torch versions' cells; place or skip the rest (see :func:`place`).
+
+    ``torch_cuda`` is :func:`installed_torch_cuda` (None: a CPU-only torch, whose
+    CUDA C++ build cells skip here; "": unknown).
+
+    Each CUDA version's nvcc is looked up once (a look-up runs nvcc twice), all
+    versions at once, not once per build cell.
+    """
     plan = MachineShare()
+    cpu_only = torch_cuda is None
+    mine = [c for c in cells if is_this_torch(c, torch_version)]
+    versions = sorted({c.cuda for c in mine if c.mode == "build"})
+    finder = _memoized(nvcc_finder, versions) if nvcc_finder is not None else None
     for cell in cells:
         if not is_this_torch(cell, torch_version):
             plan.other_torch += 1
             continue
         impl = specs[cell.op].implementations.get(cell.impl) if cell.op in specs else None
-        placement = place(cell, gpus, list(getattr(impl, "requires", []) or []), nvcc_finder)
+        placement = place(cell, gpus, list(getattr(impl, "requires", []) or []), finder)
+        if placement.kind == "build" and cpu_only and getattr(impl, "kind", "") == "cuda":
+            reason = f"torch {torch_version} is CPU-only: no CUDA extension can be built for it"
+            placement = Placement(None, reason)  # the build check says the same, in a worker
         if placement.kind == "build" and cell.cuda not in plan.nvcc:
-            plan.nvcc[cell.cuda] = find_nvcc(cell.cuda, nvcc_finder)[0] or ""
+            plan.nvcc[cell.cuda] = find_nvcc(cell.cuda, finder)[0] or ""
         plan.cells.append(cell)
         plan.placements[cell.id] = placement
     return plan

@@ -294,6 +294,28 @@ def list_gpus(timeout_s: float = 30.0) -> list[dict[str, Any]] | None:
     return [{"index": ordinal, **by_index[phys]} for ordinal, phys in enumerate(order)]
 
 
+def visible_gpus(python: str = sys.executable) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(the GPUs a run's workers may be given, the probe's fingerprint when one was needed).
+
+    Nothing where no GPU can exist (no driver: no CUDA probe on a CPU machine);
+    ``nvidia-smi`` when it can answer (a fraction of a second); else a torch
+    probe in a subprocess (it keeps CUDA out of the parent).
+    """
+    from opgate.matrix.errors import OpgateError
+    from opgate.validators.device import gpu_hardware_possible
+
+    if not gpu_hardware_possible():
+        return [], None
+    fast = list_gpus()
+    if fast is not None:
+        return fast, None
+    try:
+        fp = probe(python)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise OpgateError(f"cannot probe this machine's GPUs: {exc}") from exc
+    return list(fp.get("gpus") or []), fp
+
+
 def main() -> None:
     json.dump(fingerprint().to_json(), sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")

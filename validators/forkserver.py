@@ -15,7 +15,7 @@ SIGSEGV from a clean exit.
 Protocol on a ``SOCK_SEQPACKET`` socket pair (one message per packet)::
 
     server -> {"ready": true, "preload_s": s}           once, after the imports
-    parent -> {"env": {...}} + fds [stdin, stdout, log]  one per worker
+    parent -> {"env": {...}, "kind": k} + fds [stdin, stdout, log]  one per worker
     server -> {"pid": n}                                  the forked worker
     server -> {"exit": n, "status": rc}                   whenever a worker ends (rc < 0: signal)
 """
@@ -23,6 +23,7 @@ Protocol on a ``SOCK_SEQPACKET`` socket pair (one message per packet)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import selectors
@@ -49,7 +50,7 @@ def serve_forks(fd: int, kind: str, threads: int, ops_paths: Sequence[Path]) -> 
 
     t0 = time.perf_counter()
     sock = socket.socket(fileno=fd)
-    specs, run_cell = preload(ops_paths)
+    specs, run_cell = preload(ops_paths, kind)
     pre = Preloaded(kind, threads, specs, run_cell)
     import torch
 
@@ -115,7 +116,8 @@ def _become_worker(req: Mapping[str, Any], fds: Sequence[int], pre: Preloaded) -
         os.environ.update(req["env"])
         channel = worker._channel()
         worker.arm()
-        code = worker.serve_loop(channel, pre, t0)
+        kind = str(req.get("kind") or pre.kind)
+        code = worker.serve_loop(channel, dataclasses.replace(pre, kind=kind), t0)
     except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
         import traceback
 
@@ -168,8 +170,8 @@ class ForkServer:
             self.preload_s = float(msg.get("preload_s") or 0.0)
         return True
 
-    def fork(self, env: Mapping[str, str], log: Path) -> ForkedProcess:
-        """A new worker, already running ``serve_loop``; raises OSError if the server is gone."""
+    def fork(self, env: Mapping[str, str], log: Path, kind: str = "") -> ForkedProcess:
+        """A worker of ``kind`` (default: the server's) in ``serve_loop``; OSError if the server is gone."""
         if not self.wait_ready():
             raise OSError(self.failed)
         in_r, in_w = os.pipe()
@@ -177,7 +179,8 @@ class ForkServer:
         log.parent.mkdir(parents=True, exist_ok=True)
         err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            socket.send_fds(self.sock, [json.dumps({"env": dict(env)}).encode()], [in_r, out_w, err])
+            request = {"env": dict(env), "kind": kind}
+            socket.send_fds(self.sock, [json.dumps(request).encode()], [in_r, out_w, err])
         finally:
             for fd in (in_r, out_w, err):
                 os.close(fd)

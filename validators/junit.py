@@ -71,17 +71,15 @@ def _property_value(value: Any) -> str:
 
 def build_junit(run: RunResults) -> JUnitXml:
     xml = JUnitXml(name="opgate")
-    suites: dict[str, TestSuite] = {}
+    suites: dict[str, list[TestCase]] = {}
     for cell in run.cells:
-        op = cell.cell.op
-        if op not in suites:
-            suite = suites[op] = TestSuite(op)
-            if run.started_at:
-                suite.timestamp = run.started_at
-            _add_properties(suite, run.env)
-        suites[op].add_testcase(testcase(cell))
-    for suite in suites.values():
-        suite.update_statistics()
+        suites.setdefault(cell.cell.op, []).append(testcase(cell))
+    for op, cases in suites.items():
+        suite = TestSuite(op)
+        if run.started_at:
+            suite.timestamp = run.started_at
+        _add_properties(suite, run.env)
+        suite.add_testcases(cases)  # statistics once per suite (add_testcase recounts each time)
         xml.add_testsuite(suite)
     xml.update_statistics()
     # junitparser also counts ``skipped`` on the root, which junit-10.xsd does not allow there;

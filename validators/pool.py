@@ -60,8 +60,10 @@ class Pool:
         config: WorkerConfig,
         host_lanes: int,
         gpus: Sequence[Gpu] = (),
+        *,
         keep_spare: bool = False,
         gpu_workers: int = 1,
+        launcher: Launcher | None = None,
     ) -> None:
         self.config = config
         self.keep_spare = keep_spare  # re-runs are likely: keep a fresh worker warm on every busy lane
@@ -74,7 +76,7 @@ class Pool:
             for g in gpus
         ]
         self.workers: list[WorkerProcess] = []
-        self.launcher = Launcher(config)
+        self.launcher = launcher or Launcher(config)  # the runner's: its servers may be importing already
         self.fingerprint: dict[str, Any] = {}
         self._sel = selectors.DefaultSelector()
         self._failures: collections.Counter[str] = collections.Counter()
@@ -94,6 +96,7 @@ class Pool:
                         self._finish(task, Attempt(_error(f"no lane runs {task.kind} cells"), 0.0))
                     continue
                 self._prewarm()
+                self._retire_idle()
                 self._poll()
                 self._check_deadlines()
         except BaseException:  # interrupted (Ctrl-C, SIGTERM): no politeness, no orphans
@@ -142,16 +145,24 @@ class Pool:
         """Start the worker each busy lane will need next, while its current cell runs.
 
         A spare (throw-away worker) for the next isolated cell or, with
-        ``keep_spare``, for a re-run of the current cell if it fails; a new
-        reusable worker when the last one died or is of the wrong kind.
+        ``keep_spare``, for a re-run of the current cell if it fails (only for
+        workers that are not forked: a fork costs milliseconds, a spare would
+        cost a worker per lane, on a GPU a CUDA context each); a new reusable
+        worker when the last one died or is of the wrong kind.
         """
         for lane in self.lanes:
             if lane.task is None or self._failures[lane.task.kind]:
                 continue
             nxt = next((t for t in self._pending if lane.can_run(t)), None)
             spare_kind = nxt.kind if nxt is not None and nxt.fresh else None
-            if spare_kind is None and self.keep_spare and lane.current is not None and lane.current.ready:
-                spare_kind = lane.task.kind  # not before: spares must not slow the first start-ups
+            if (
+                spare_kind is None
+                and self.keep_spare
+                and lane.current is not None
+                and lane.current.ready  # not before: spares must not slow the first start-ups
+                and not self.launcher.forks(lane.task.kind)  # a fork is ready in ms when a re-run needs it
+            ):
+                spare_kind = lane.task.kind
             if (
                 spare_kind is not None
                 and not self._failures[spare_kind]
@@ -166,6 +177,22 @@ class Pool:
                 if lane.reusable is not None:
                     self._retire(lane.reusable, "replaced by another kind")
                 lane.reusable = self._spawn(nxt.kind, lane)
+
+    def _retire_idle(self) -> None:
+        """Stop the workers of lanes with nothing left to run, while the other lanes finish.
+
+        Their exit then overlaps the last cells instead of adding to the
+        shutdown; a re-run that comes later gets a fresh worker (a fork).
+        """
+        for lane in self.lanes:
+            if lane.task is not None or (lane.reusable is None and lane.spare is None):
+                continue
+            if any(lane.can_run(t) for t in self._pending):
+                continue
+            for worker in (lane.reusable, lane.spare):
+                if worker is not None:
+                    self._retire(worker, "lane idle: nothing left to run")
+            lane.reusable = lane.spare = None
 
     def _send(self, lane: Lane) -> None:
         task, worker = lane.task, lane.current
@@ -302,19 +329,27 @@ class Pool:
         worker.close()
 
     def shutdown(self, force: bool = False) -> None:
-        """Stop every worker still running: EOF on stdin, SIGKILL after a grace period (or at once)."""
+        """Stop every worker still running: EOF on stdin, SIGKILL after a grace period (or at once).
+
+        Every result is in by now, so nothing waits on a worker one at a time:
+        all get EOF together, the grace period is shared, and whatever is left
+        after it is killed as a group (its compile subprocesses with it).
+        """
         t = time.monotonic()
         for worker in self.workers:
             worker.retiring = True
             worker.end = worker.end or ("run interrupted" if force else "run finished")
             worker.close()
-        grace = time.monotonic() + SHUTDOWN_GRACE_S
-        for worker in self.workers:
             self._unregister(worker)
-            if force:
-                worker.kill()
-            else:
-                worker.wait(timeout=max(grace - time.monotonic(), 0.05))
+        grace = t + (0.0 if force else SHUTDOWN_GRACE_S)
+        left = [w for w in self.workers if w.proc.poll() is None]
+        while left and time.monotonic() < grace:
+            time.sleep(0.01)
+            left = [w for w in left if w.proc.poll() is None]
+        for worker in left:
+            worker.kill_group()
+        for worker in self.workers:
+            worker.wait(timeout=1.0)
             worker.release()
         self.launcher.stop()
         self._sel.close()

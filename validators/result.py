@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +84,14 @@ class CheckResult:
     duration_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["status"] = self.status.value
-        return d
+        """The record (``details`` as is: JSON data, not copied; ``asdict`` deep-copied it, per write)."""
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "summary": self.summary,
+            "details": self.details,
+            "duration_s": self.duration_s,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CheckResult:
@@ -219,11 +224,13 @@ class RunResults:
     def write(self, path: Path, *, compact: bool = False) -> dict[str, Any]:
         """Write atomically; returns the document written (callers need not serialise it again).
 
-        ``compact``: the committed form, one cell record per line (a republish that changes
-        a few verdicts changes a few lines).
+        ``compact``: the committed form (a cell's env only where it differs from the run's).
+        Either form has one cell record per line: a republish that changes a few verdicts
+        changes a few lines, and the encoder is the C one (indented JSON goes through
+        Python's own, seconds for a matrix of 1700 cells).
         """
         doc = self.to_compact_json() if compact else self.to_json()
-        text = dumps_one_record_per_line(doc, "cells") if compact else json.dumps(doc, indent=1)
+        text = dumps_one_record_per_line(doc, "cells")
         write_output(path, text + "\n", atomic=True)
         return doc
 

@@ -14,6 +14,7 @@ Output folder::
                         and the environment controls that ran (validators.controls)
     junit.xml           one testsuite per op, one testcase per cell
     cells/<id>.json     one CellResult each, written as the cell finishes
+    cells/skipped.jsonl the cells this machine cannot run (one record per line, known from the plan)
     controls/<id>.json  one per environment control that ran
     logs/<id>.log       the worker's stdout/stderr while it ran the cell (crash and hang dumps too)
     logs/workers/*.log  each worker's own stderr (start-up problems)
@@ -25,38 +26,40 @@ Output folder::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
-import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opgate.matrix.cell import Cell
-from opgate.matrix.errors import CellsFailed, OpgateError
+from opgate.matrix.errors import CellsFailed
 from opgate.matrix.files import write_output
 from opgate.validators import controls, device, env
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
 from opgate.validators.breakdown import breakdown
 from opgate.validators.cache import VerdictCache, environment_identity
 from opgate.validators.cache import default_root as default_cache_root
-from opgate.validators.collect import PLANNED_FILE, write_planned, write_run
+from opgate.validators.collect import SKIPPED_FILE, write_planned, write_run
 from opgate.validators.device import Gpu, MachineShare, Placement, plan_cells
 from opgate.validators.limits import memory_for, timeout_for
+from opgate.validators.options import RunOptions, repro_command
+from opgate.validators.outdir import clear_outputs, write_json
 from opgate.validators.outlock import OutputLock
 from opgate.validators.pool import Attempt, Pool, Task
 from opgate.validators.progress import Progress, format_summary
 from opgate.validators.result import CellResult, RunResults, Verdict
-from opgate.validators.workerproc import WorkerConfig
+from opgate.validators.schedule import History, expected_costs, host_lanes, longest_first
+from opgate.validators.workerproc import Launcher, WorkerConfig
 
-#: Relative cost of a cell by mode, for scheduling only: the expensive cells start
-#: first, so the run does not end with one lane compiling while the others idle.
-MODE_COST: Mapping[str, int] = {"build": 5, "aoti": 4, "compile": 3, "cudagraphs": 3, "export": 2}
+if TYPE_CHECKING:
+    from opgate.matrix.changes import Affected
 
 
 def _say(text: str) -> None:
@@ -67,82 +70,18 @@ def _say(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit too
 
 
-def longest_first(cells: Sequence[Cell]) -> list[Cell]:
-    """Cells by expected cost, most expensive first; within a cost, (op, impl) groups take turns.
-
-    Taking turns keeps the lanes from all starting on one CUDA C++ op at once
-    and then waiting on its (locked, minute-long) cold build together.
-    """
-    tiers: dict[int, dict[tuple[str, str], list[Cell]]] = {}
-    for cell in cells:
-        tier = tiers.setdefault(-MODE_COST.get(cell.mode, 1), {})
-        tier.setdefault((cell.op, cell.impl), []).append(cell)
-    ordered: list[Cell] = []
-    for cost in sorted(tiers):
-        groups = list(tiers[cost].values())
-        for turn in range(max(len(g) for g in groups)):
-            ordered.extend(g[turn] for g in groups if turn < len(g))
-    return ordered
-
-
-REPRO_OUT = "/tmp/opgate-repro"  # noqa: S108 - a suggestion printed for humans, never written by opgate
-
-
-@dataclass
-class RunOptions:
-    out: Path
-    config: Path | None = None
-    select: Sequence[str] = ()
-    skip: Sequence[str] = ()
-    ops_paths: Sequence[Path] = ()
-    jobs: int | None = None
-    gpu_workers: int = 1  # workers sharing each GPU (cells are mostly host-bound compile work)
-    timeout_s: float | None = None  # overrides every cell's timeout for this run
-    memory_mb: int | None = None  # overrides every cell's worker memory limit for this run
-    retries: int = 1
-    seed: int | None = None
-    progress: bool = True
-    use_cache: bool = True  # serve unchanged cells' verdicts from the cache (--no-cache: re-run all)
-    cache_dir: Path | None = None
-    argv: Sequence[str] = ()
-
-
-def repro_command(cell_id: str, seed: int | None, options: RunOptions) -> str:
-    """One line that re-runs just this cell with the same inputs (seed) and op folders."""
-    quoted = f"'{cell_id}'" if shlex.quote(cell_id) == cell_id else shlex.quote(cell_id)
-    parts = ["opgate run", f"--select {quoted}"]
-    if seed is not None:
-        parts.append(f"--seed {seed}")
-    if options.config is not None:
-        parts.append(f"--config {shlex.quote(str(Path(options.config).resolve()))}")
-    parts += [f"--ops-path {shlex.quote(str(Path(p).resolve()))}" for p in options.ops_paths]
-    parts.append(f"--out {REPRO_OUT}")
-    return " ".join(parts)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    write_output(path, json.dumps(data, indent=1) + "\n", atomic=True)
-
-
-def _clear_outputs(out: Path) -> None:
-    """Drop a previous run's files in the same folder (only files opgate writes).
-
-    ``results.json`` goes too: a run killed before it writes its own must not
-    leave the previous run's, which would publish as this one.
-    """
-    for pattern in ("cells/*.json", "controls/*.json", "logs/*.log", "logs/workers/*.log"):
-        for stale in out.glob(pattern):
-            stale.unlink()
-    for name in ("results.json", "junit.xml", "run.json", PLANNED_FILE):
-        (out / name).unlink(missing_ok=True)
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class Runner:
-    """One ``validators run``: plan, serve cached verdicts, run the pool, write every output."""
+    """One ``validators run``: plan, serve cached verdicts, run the pool, write every output.
+
+    Fixed costs come first and overlap: the cache is asked which cells must run
+    before any worker exists (nothing to run: no worker, no fork server, no
+    torch import at all), the fork servers of exactly the kinds that will run
+    start importing at once, and the cached verdicts are served while they do.
+    """
 
     def __init__(self, options: RunOptions, python: str = sys.executable) -> None:
         self.options = options
@@ -153,7 +92,9 @@ class Runner:
         self._env: dict[str, Any] | None = None
         self._probe: dict[str, Any] | None = None
         self._pool: Pool | None = None
+        self._launcher: Launcher | None = None
         self._cache: VerdictCache | None = None
+        self._history = History(None, {})
         self._specs: dict[str, Any] = {}
         self._plan = MachineShare()
         self._lock = OutputLock(self.out, "opgate run")
@@ -163,14 +104,17 @@ class Runner:
         #: control id -> the op cell whose failure scheduled it (a control is re-run through that cell)
         self._scheduled_controls: dict[str, Cell] = {}
         self._gpus: list[Gpu] = []
+        self.changes: Affected | None = None
         self.timings: dict[str, float] = {}
 
     def env(self) -> dict[str, Any]:
-        """The run's fingerprint: the GPU probe's, a worker's, a cached record's, or a late probe's."""
+        """The fingerprint: the GPU probe's, a worker's, a cached record's, the last run's, or a probe."""
         if self._env is not None:
             return self._env
         fp = (self._pool.fingerprint if self._pool else {}) or self._probe or {}
-        fp = fp or (self.results[self.cached[0]].env if self.cached else {})
+        fp = fp or (self.results[self.cached[0]].env if self.cached else {}) or self._history.fingerprint
+        if not fp and not self._plan.cells:  # nothing to describe: no torch import for it either
+            fp = env.Fingerprint(error="no cell to run: the environment was not probed").to_json()
         if not fp:
             try:
                 fp = env.probe(self.python)
@@ -206,20 +150,26 @@ class Runner:
 
     def _execute(self) -> tuple[RunResults, int]:
         t0, started = time.monotonic(), _now()
-        gpus = self._gpus = self._prepare()
+        self._prepare()
+        if self.changes is not None:
+            _say(f"opgate: {self.changes.describe()}")
         placements = self._plan.placements
-        runnable = [c for c in self._plan.cells if placements[c.id].kind and not self._serve_cached(c)]
-        tasks = [self._task(c, placements[c.id]) for c in longest_first(runnable)]
+        placed = [c for c in self._plan.cells if placements[c.id].kind]
+        cache = self._cache if self._may_serve() else None
+        stored = {c.id for c in placed if cache is not None and cache.has(c, self._specs[c.op])}
+        self._start_servers({str(placements[c.id].kind) for c in placed if c.id not in stored})
+        runnable = [c for c in placed if c.id not in stored or not self._serve_cached(c)]
+        changed = [c.id for c in runnable] if self._may_serve() else []  # a miss: its op changed
+        costs = expected_costs(runnable, self._history, changed)
+        tasks = [self._task(c, placements[c.id]) for c in longest_first(runnable, costs)]
         for cached in [self.results[i] for i in self.cached]:  # a cached failure needs its control too
             tasks[:0] = self._control_tasks(cached)
         self.timings["plan_s"] = time.monotonic() - t0
-        self._run(tasks, gpus)
-        for cell in self._plan.cells:
-            reason = self._plan.placements[cell.id].skip_reason
-            if cell.id not in self.results and reason:
-                self._store(
-                    CellResult(cell, Verdict.SKIP, self.env(), reason=reason, repro=self._repro(cell, None))
-                )
+        if tasks:
+            self._run(tasks, costs)
+        elif self._launcher is not None:
+            self._launcher.stop()
+        self._store_skips()
         self._link_controls()
         run = RunResults(
             cells=[self.results[c.id] for c in self._plan.cells if c.id in self.results],
@@ -232,46 +182,51 @@ class Runner:
             controls=[self.controls[k] for k in sorted(self.controls)],
         )
         doc = write_run(run, self.out)
+        self._remember(run)
         self.timings["wall_s"] = time.monotonic() - t0
-        _write_json(self.out / "run.json", self._run_record(doc["cells"]))
+        write_json(self.out / "run.json", self._run_record(doc["cells"]))
         other, wall = self._plan.other_torch, self.timings["wall_s"]
         _say(format_summary(run, wall, other, self.out, cached=len(self.cached)))
         return run, (CellsFailed.exit_code if any(c.verdict.is_bad for c in run.cells) else 0)
 
-    def _prepare(self) -> list[Gpu]:
-        """Cells and specs, the GPU probe (only where a GPU may exist), the plan, the cache."""
-        from opgate.matrix import load_cells
+    def _prepare(self) -> None:
+        """Cells and specs (once), --changed-since, the GPU list, the plan, the cache and history."""
+        from opgate.matrix import expand_torches, narrow
+        from opgate.matrix.config import load_config
         from opgate.ops.spec import load_specs
 
         opts = self.options
-        cells = load_cells(opts.config, self.ops_paths, list(opts.select), list(opts.skip))
         self._specs = dict(load_specs(self.ops_paths))
-        listed: list[dict[str, Any]] = []
-        if device.gpu_hardware_possible():
-            t = time.monotonic()
-            fast = env.list_gpus()
-            if fast is not None:
-                listed = fast
-            else:
-                try:
-                    self._probe = env.probe(self.python)
-                except (OSError, RuntimeError, ValueError) as exc:
-                    raise OpgateError(f"cannot probe this machine's GPUs: {exc}") from exc
-                listed = list(self._probe.get("gpus") or [])
-            self.timings["probe_s"] = time.monotonic() - t
-        gpus = device.gpus_from_fingerprint({"gpus": listed})
+        universe = expand_torches(load_config(opts.config), self._specs, None)
+        cells = narrow(universe, opts.select, opts.skip)
+        if opts.changed_since is not None:
+            from opgate.matrix.changes import narrow_to_changes
+
+            cells, self.changes = narrow_to_changes(cells, self._specs, opts.config, opts.changed_since)
+        t = time.monotonic()
+        listed, self._probe = env.visible_gpus(self.python)
+        self.timings["probe_s"] = time.monotonic() - t
+        self._gpus = device.gpus_from_fingerprint({"gpus": listed})
         finder = device.default_nvcc_finder()
-        self._plan = plan_cells(cells, self._specs, device.installed_torch(), gpus, finder)
+        torch_cuda = device.installed_torch_cuda()
+        self._plan = plan_cells(
+            cells, self._specs, device.installed_torch(), self._gpus, finder, torch_cuda=torch_cuda
+        )
         identity = environment_identity(listed, self._plan.nvcc)
-        self._cache = VerdictCache(opts.cache_dir or default_cache_root(), identity)
+        root = opts.cache_dir or default_cache_root()
+        self._cache = VerdictCache(root, identity)
+        self._history = History.load(root, identity)
         self._lock.acquire()
-        _clear_outputs(self.out)
+        clear_outputs(self.out)
         write_planned(self.out, [c.id for c in self._plan.cells])
-        return gpus
+
+    def _may_serve(self) -> bool:
+        """Never with ``--no-cache``, nor with ``--seed`` (a repro asks for those very inputs)."""
+        return self.options.use_cache and self.options.seed is None
 
     def _serve_cached(self, cell: Cell) -> bool:
-        """Serve an unchanged cell's verdict; never with ``--seed`` (a repro asks for those very inputs)."""
-        if not self.options.use_cache or self.options.seed is not None or self._cache is None:
+        """Serve an unchanged cell's verdict (see :meth:`_may_serve`)."""
+        if not self._may_serve() or self._cache is None:
             return False
         hit = self._cache.get(cell, self._specs[cell.op], self._log(cell))
         if hit is not None:
@@ -279,18 +234,37 @@ class Runner:
             self._store(hit)
         return hit is not None
 
-    def _run(self, tasks: list[Task], gpus: Sequence[Gpu]) -> None:
-        opts = self.options
-        jobs = opts.jobs or device.default_jobs()
+    def _jobs(self) -> int:
+        return self.options.jobs or device.default_jobs()
+
+    def _start_servers(self, kinds: set[str]) -> None:
+        """Fork servers for the kinds of cells that will run, started now (they import meanwhile)."""
+        if not kinds:
+            return
+        jobs, gpus = self._jobs(), self._gpus
         config = WorkerConfig(
             logs=self.out / "logs" / "workers",
             ops_paths=self.ops_paths,
-            threads=device.threads_per_worker(jobs + len(gpus) * opts.gpu_workers),
+            threads=device.threads_per_worker(jobs + len(gpus) * self.options.gpu_workers),
             python=self.python,
             fork_server=os.environ.get("OPGATE_FORK_SERVER", "1") != "0",
         )
+        self._launcher = Launcher(config)
+        self._launcher.prestart(sorted(kinds))
+
+    def _run(self, tasks: list[Task], costs: Mapping[str, float]) -> None:
+        opts = self.options
+        if self._launcher is None:  # a cached record that did not load: its kind had no server yet
+            self._start_servers({t.kind for t in tasks})
+        assert self._launcher is not None
+        host = host_lanes(tasks, costs, self._jobs(), len(self._gpus) * opts.gpu_workers, self._history)
         self._pool = pool = Pool(
-            config, jobs, gpus, keep_spare=opts.retries > 0, gpu_workers=opts.gpu_workers
+            self._launcher.config,
+            host,
+            self._gpus,
+            keep_spare=opts.retries > 0,
+            gpu_workers=opts.gpu_workers,
+            launcher=self._launcher,
         )
         progress = Progress(sum(not controls.is_control(t.cell) for t in tasks), enabled=opts.progress)
         attempts: dict[str, list[AttemptView]] = {}
@@ -339,6 +313,17 @@ class Runner:
                 if linked != result:
                     self._store(linked)
 
+    def _remember(self, run: RunResults) -> None:
+        """What the cells that ran took (the next run's costs), and this environment's fingerprint."""
+        ran = {c.id: c.duration_s for c in run.cells if c.id not in self.cached and c.verdict.ran}
+        if not ran and self._history.fingerprint:
+            return
+        self._history.update(ran)
+        if not run.env.get("error"):
+            self._history.fingerprint = dict(run.env)
+        with contextlib.suppress(OSError):  # a read-only cache costs the next run its order, not this run
+            self._history.save()
+
     def _task(self, cell: Cell, placement: Placement) -> Task:
         seed = self.options.seed if self.options.seed is not None else self._rng.randrange(2**31)
         return Task(
@@ -379,20 +364,37 @@ class Runner:
             self._cache.put(result, self._specs[cell.op], self._log(cell))
         return result
 
+    def _store_skips(self) -> None:
+        """The cells this machine cannot run, in one file (``cells/skipped.jsonl``), not one file each.
+
+        They are known from the plan; on a CPU machine they are most of the
+        matrix (every GPU cell), and a file per record costs an open per cell.
+        """
+        skips = [
+            CellResult(cell, Verdict.SKIP, self.env(), reason=reason, repro=self._repro(cell, None))
+            for cell in self._plan.cells
+            if cell.id not in self.results and (reason := self._plan.placements[cell.id].skip_reason)
+        ]
+        if not skips:
+            return
+        self.results.update((r.id, r) for r in skips)
+        lines = "".join(json.dumps(r.to_json()) + "\n" for r in skips)
+        write_output(self.out / "cells" / SKIPPED_FILE, lines, atomic=True)
+
     def _store(self, result: CellResult) -> None:
         if controls.is_control(result.cell):
             self.controls[result.id] = result
-            _write_json(self.out / "controls" / f"{result.id}.json", result.to_json())
+            write_json(self.out / "controls" / f"{result.id}.json", result.to_json(), indent=None)
             return
         self.results[result.id] = result
-        _write_json(self.out / "cells" / f"{result.id}.json", result.to_json())
+        write_json(self.out / "cells" / f"{result.id}.json", result.to_json(), indent=None)
 
     def _run_record(self, cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Timings, cached cells and which workers served which cells, and the time breakdown from them."""
         pool = self._pool
         record: dict[str, Any] = {
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
-            "fork_server_preload_s": dict(pool.launcher.preload_s) if pool else {},
+            "fork_server_preload_s": dict(self._launcher.preload_s) if self._launcher else {},
             "other_torch_cells": self._plan.other_torch,
             "cached_cells": self.cached,
             "workers": [w.record(pool.t0) for w in pool.workers] if pool else [],

@@ -141,8 +141,25 @@ def _reset_between_cells() -> None:
 
 
 RunCell = Callable[..., Any]
-#: Imported before the first cell's timeout starts (and before a fork server forks).
-PRELOAD_OPTIONAL = ("triton", "torch._dynamo")
+#: Imported before the first cell's timeout starts (and, with a fork server, once per run
+#: before any fork), by the kind of worker.  A cell would otherwise import them on first use,
+#: in every worker, inside its first check: Inductor's compiler, export and opcheck's
+#: machinery are seconds of imports a worker pays once.  None of them touches the GPU (a
+#: server whose imports initialised CUDA refuses to serve, see ``forkserver``).  A build
+#: worker runs its compilers in child processes and needs torch and Triton only.
+PRELOAD: Mapping[str, tuple[str, ...]] = {
+    "build": ("triton",),  # forked cross-compile children need it imported (validators.forkchild)
+    "cpu": (
+        "triton",
+        "torch._dynamo",
+        "torch._inductor.compile_fx",
+        "torch._functorch.partitioners",
+        "torch.export",
+        "torch.testing._internal.optests",
+        "torch.profiler",
+    ),
+}
+PRELOAD_DEFAULT = PRELOAD["cpu"]
 
 
 def run_task(
@@ -222,18 +239,28 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def preload(ops_paths: Sequence[Path]) -> tuple[Mapping[str, Any], RunCell]:
-    """Import what every cell needs (torch, Triton, Dynamo, the checks) and load the specs.
+def preload(ops_paths: Sequence[Path], kind: str = "cpu") -> tuple[Mapping[str, Any], RunCell]:
+    """Import what every cell of ``kind`` needs (torch, Triton, Dynamo, the checks) and load the specs.
 
     Touches no GPU: a fork server calls it once and forks workers from the
     result, and CUDA must not be initialised before a fork.
     """
     import importlib
 
+    from opgate.validators import forkchild
+
+    forkchild.record_import_env()
     importlib.import_module("torch")
-    for optional in PRELOAD_OPTIONAL:
+    modules = PRELOAD.get(kind, PRELOAD_DEFAULT)
+    for optional in modules:
         with contextlib.suppress(ImportError):
             importlib.import_module(optional)
+    if modules:
+        from opgate.validators.checks.cell import MODE_CHECKS, checks_for
+
+        for mode in MODE_CHECKS:
+            with contextlib.suppress(ImportError):
+                checks_for(mode)
 
     from opgate.ops.spec import load_specs
     from opgate.validators.checks import run_cell
@@ -299,7 +326,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         return serve_forks(args.fork_server, args.kind, args.threads, args.ops_path)
     channel = _channel()
     arm()
-    specs, run_cell = preload(args.ops_path)
+    specs, run_cell = preload(args.ops_path, args.kind)
     return serve_loop(channel, Preloaded(args.kind, args.threads, specs, run_cell), t0)
 
 

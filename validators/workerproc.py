@@ -78,7 +78,7 @@ class WorkerProcess:
         self.forked = False
         if server is not None:
             try:
-                self.proc, self.forked = server.fork(env, log), True
+                self.proc, self.forked = server.fork(env, log, kind), True
             except OSError as exc:
                 with log.open("a") as f:
                     f.write(f"fork server unusable ({exc}); starting a fresh interpreter\n")
@@ -157,12 +157,13 @@ class WorkerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGUSR1)
 
-    def _kill_group(self) -> None:
+    def kill_group(self) -> None:
+        """SIGKILL the worker's process group (it and whatever it started), without waiting."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
     def kill(self) -> int | None:
-        self._kill_group()
+        self.kill_group()
         return self.wait()
 
     def wait(self, timeout: float = 10.0) -> int | None:
@@ -170,12 +171,12 @@ class WorkerProcess:
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self._kill_group()
+            self.kill_group()
             try:
                 rc = self.proc.wait(timeout)
             except subprocess.TimeoutExpired:  # a forked worker whose fork server is gone
                 rc = None
-        self._kill_group()  # e.g. Inductor compile subprocesses orphaned by a crash
+        self.kill_group()  # e.g. Inductor compile subprocesses orphaned by a crash
         return rc
 
     def release(self) -> None:
@@ -220,6 +221,10 @@ class WorkerConfig:
     module: str = "opgate.validators.worker"
     extra_env: Mapping[str, str] = field(default_factory=dict)
     fork_server: bool = False  # fork workers from one preloaded process per kind
+    #: Inductor's compile processes per worker.  A run's parallelism is across cells (one per
+    #: lane); a cell compiles a graph of a few kernels, and a pool would cost every worker a
+    #: side process that imports torch again, and seconds at exit.  None: Inductor decides.
+    compile_threads: int | None = 1
 
     def argv(self, kind: str) -> list[str]:
         argv = [self.python, "-m", self.module, "--kind", kind, "--threads", str(self.threads)]
@@ -231,6 +236,8 @@ class WorkerConfig:
         env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1"}
         if self.threads:
             env["OMP_NUM_THREADS"] = str(self.threads)
+        if self.compile_threads is not None:
+            env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(self.compile_threads))  # read at import
         if kind == "cpu":
             env.update(CPU_ENV)
         elif kind == "build":
@@ -254,29 +261,48 @@ def visible_device(index: int, parent: str | None = None) -> str:
     return listed[index] if index < len(listed) else str(index)
 
 
-class Launcher:
-    """Starts workers: forked from a per-kind fork server when configured, else fresh interpreters.
+#: Which fork server forks a worker of each kind when several kinds run.  A build worker does
+#: its work in child processes (nvcc, cuobjdump, a cross-compile per cell), so it can be forked
+#: from the cuda server a GPU run starts anyway (one torch import per run, not two).  Never from
+#: the cpu server: Triton imported under ``TRITON_INTERPRET=1`` cannot compile for a GPU.
+SHARES_SERVER: Mapping[str, tuple[str, ...]] = {"build": ("cuda",)}
 
-    The servers of every kind a run needs are started together at the start
-    (their imports overlap), and stopped after the last worker is reaped.
+
+class Launcher:
+    """Starts workers: forked from a preloaded fork server when configured, else fresh interpreters.
+
+    The servers a run needs are started together, as soon as the runner knows
+    which kinds of cells will run (their imports overlap with each other and
+    with the runner's cache look-ups), and stopped after the last worker is
+    reaped.
     """
 
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.servers: dict[str, ForkServer] = {}
-        self.preload_s: dict[str, float] = {}  # per kind: the fork server's imports (run.json)
+        self.route: dict[str, str] = {}  # worker kind -> the server kind that forks it
+        self.preload_s: dict[str, float] = {}  # per server kind: its imports (run.json)
 
     def prestart(self, kinds: Sequence[str]) -> None:
+        """Start the servers for ``kinds`` (all the kinds the run needs, when known: see SHARES_SERVER)."""
         if not self.config.fork_server:
             return
-        for kind in kinds:
-            if kind not in self.servers:
-                log = self.config.logs / f"forkserver-{kind}.log"
-                self.servers[kind] = ForkServer(self.config.argv(kind), self.config.env(kind, None), log)
+        wanted = set(kinds) | set(self.route.values())
+        for kind in sorted(kinds, key=lambda k: k in SHARES_SERVER):
+            host = self.route.get(kind) or next((k for k in SHARES_SERVER.get(kind, ()) if k in wanted), kind)
+            self.route[kind] = host
+            if host not in self.servers:
+                log = self.config.logs / f"forkserver-{host}.log"
+                self.servers[host] = ForkServer(self.config.argv(host), self.config.env(host, None), log)
+
+    def forks(self, kind: str) -> bool:
+        """Whether workers of ``kind`` are forked (a server was started for it and has not failed)."""
+        server = self.servers.get(self.route.get(kind, kind))
+        return server is not None and not server.failed
 
     def spawn(self, name: str, kind: str, gpu: Gpu | None) -> WorkerProcess:
         cfg = self.config
-        server = self.servers.get(kind)
+        server = self.servers.get(self.route.get(kind, kind))
         log = cfg.logs / f"{name}.log"
         return WorkerProcess(name, kind, cfg.argv(kind), cfg.env(kind, gpu), log, server=server)
 

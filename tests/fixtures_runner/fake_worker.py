@@ -3,7 +3,8 @@
 What it does with a cell is chosen by the cell's layout, so one pool run can
 mix outcomes: ``contiguous`` passes (reporting the worker's environment),
 ``transposed`` aborts (SIGABRT), ``strided`` hangs, ``offset`` reports a
-sticky device error, and ``fp16`` + ``misaligned`` fails its check.
+sticky device error, and ``fp16`` + ``misaligned`` fails its check.  A cell
+whose shapes are ``sleep<seconds>`` takes that long (scheduling tests).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def main() -> None:
         if layout == "strided":
             while True:
                 time.sleep(3600)
-        time.sleep(0.05)
+        shapes = str(cell.get("shapes") or "")
+        time.sleep(float(shapes[5:]) if shapes.startswith("sleep") else 0.05)
         if layout == "offset":
             msg = _reply(
                 cell, "error", healthy=False, reason="sticky CUDA error after this cell: illegal address"

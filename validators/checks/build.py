@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 CHECK = "build"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_TIMEOUT_S = 900
+TRITON_BUILD = "opgate.validators.checks.triton_build"
 
 
 def _outcome(status: Verdict, summary: str, details: dict[str, Any], start: float) -> CellOutcome:
@@ -194,6 +195,26 @@ def _cell_ptxas(cell: Cell) -> Path | CellOutcome:
     return ptxas
 
 
+def _cross_compile(request: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """``triton_build.main`` in a child: forked from this worker when it can be, else a fresh interpreter.
+
+    The report, or ``{"stderr": tail}`` when the child produced none.
+    """
+    from opgate.validators import forkchild
+
+    arg = json.dumps(request)
+    if forkchild.can_fork(("torch", "triton"), env):
+        forked, tail = forkchild.call_forked(f"{TRITON_BUILD}:main", arg, env, TRITON_TIMEOUT_S)
+        return forked if forked is not None else {"stderr": tail}
+    cmd = [sys.executable, "-m", TRITON_BUILD, arg]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TRITON_TIMEOUT_S, check=False)
+    try:
+        report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"stderr": "\n".join(proc.stderr.strip().splitlines()[-15:])}
+    return report
+
+
 def _triton_cell(
     cell: Cell, impl: ImplSpec, workdir: Path, start: float, launches: list[dict[str, Any]] | None = None
 ) -> CellOutcome:
@@ -219,15 +240,9 @@ def _triton_cell(
     if isinstance(ptxas, CellOutcome):
         return ptxas
     env["TRITON_PTXAS_PATH"] = str(ptxas)
-    cmd = [sys.executable, "-m", "opgate.validators.checks.triton_build", json.dumps(request)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TRITON_TIMEOUT_S, check=False)
-    try:
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        return _outcome(
-            Verdict.ERROR, "triton cross-compile child produced no report", {"stderr": tail}, start
-        )
+    report = _cross_compile(request, env)
+    if "stderr" in report:
+        return _outcome(Verdict.ERROR, "triton cross-compile child produced no report", report, start)
     details: dict[str, Any] = {"triton": report.get("triton"), "kernels": report.get("kernels", [])}
     details["ptxas"] = str(ptxas)
     if report.get("error"):

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""What re-validation costs: cold, warm, one op changed, nothing changed (issue: a PR gate in seconds).
+
+    python3 .ci/speed.py --out out/speed [--select GLOB ...] [-- opgate run args]
+
+Runs ``opgate run`` four times on the same selection, with private build,
+compile and verdict caches under ``--out`` (nothing else on the machine is
+touched or reused):
+
+    cold      every cache emptied first (Triton, Inductor, opgate builds, verdicts)
+    warm      build and compile caches warm, the verdict cache bypassed (--no-cache)
+    one-op    after a change to one op's kernel source (--probe), verdict cache on
+    nothing   nothing changed since: every verdict served from the cache
+
+and writes ``speed.json`` and ``speed.md``: per scenario the wall time of the
+whole ``opgate run`` process and of the run itself, the CPU time of the
+process tree, the cells run and cached, the time breakdown (``opgate
+breakdown``) with the harness share of ``wall x busy lanes``, and the machine's
+load average before and after (the CPU machine is shared: say how loaded it
+was).  The probe is undone afterwards, whatever happens.  ``--repeat N`` runs
+one-op and nothing N times (the fastest counts, all are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The default probe: a comment inside rope's Triton kernel, so the kernel's source (what
+#: Triton hashes, and what opgate's verdict cache digests) changes and nothing else does.
+PROBE_FILE = "ops/rope/triton_impl.py"
+PROBE_ANCHOR = "    pid = tl.program_id(0)"
+PROBE_LINE = "    # opgate speed probe: this kernel's source changed\n"
+KEEP_RUNS = False
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _run(name: str, out: Path, args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    folder = out / "runs" / name
+    argv = [sys.executable, "-m", "opgate.reports.cli", "run", "--out", str(folder), "--no-progress", *args]
+    load, cpu, t = _load(), _cpu_s(), time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    wall, cpu = time.monotonic() - t, _cpu_s() - cpu
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    (out / "logs" / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    record: dict[str, Any] = {
+        "scenario": name,
+        "rc": proc.returncode,
+        "process_wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "load_before": load,
+        "load_after": _load(),
+    }
+    try:
+        run = json.loads((folder / "run.json").read_text())
+    except (OSError, ValueError):
+        record["error"] = (proc.stderr.strip().splitlines() or ["no run.json"])[-1]
+        return record
+    record["timings"] = run.get("timings", {})
+    record["fork_server_preload_s"] = run.get("fork_server_preload_s", {})
+    record["breakdown"] = run.get("breakdown", {})
+    record["workers"] = len(run.get("workers") or [])
+    if not KEEP_RUNS:  # results.json, run.json and the workers' own logs say it all
+        for part in ("cells", "work"):
+            shutil.rmtree(folder / part, ignore_errors=True)
+        for log in (folder / "logs").glob("*.log"):
+            log.unlink()
+    return record
+
+
+def _preload_profile(env: dict[str, str], kind: str) -> list[tuple[str, float]]:
+    """Where a fork server's imports go: the slowest modules by cumulative import time (s)."""
+    code = (
+        f"from opgate.validators.worker import preload; preload([], {kind!r}); import torch, sys; "
+        "print('cuda initialised by the preload:', torch.cuda.is_initialized(), file=sys.stderr)"
+    )
+    env = {**env, "CUDA_VISIBLE_DEVICES": "" if kind != "cuda" else env.get("CUDA_VISIBLE_DEVICES", "0")}
+    if kind == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    argv = [sys.executable, "-X", "importtime", "-c", code]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    rows = []
+    for line in proc.stderr.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) == 3 and parts[1].strip().isdigit():
+            rows.append((parts[2].rstrip(), int(parts[1]) / 1e6))
+    top = sorted(rows, key=lambda r: -r[1])
+    tail = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")][-3:]
+    return [(name, round(s, 3)) for name, s in top[:30]] + [(line, 0.0) for line in tail]
+
+
+def _probe(path: Path) -> str:
+    """Insert the probe line into the kernel; the original text (to restore) is returned."""
+    text = path.read_text()
+    if PROBE_ANCHOR not in text:
+        raise SystemExit(f"{path}: probe anchor {PROBE_ANCHOR.strip()!r} not found")
+    head, tail = text.split(PROBE_ANCHOR, 1)
+    line_end = tail.index("\n") + 1
+    path.write_text(head + PROBE_ANCHOR + tail[:line_end] + PROBE_LINE + tail[line_end:])
+    return text
+
+
+def _fastest(records: list[dict[str, Any]]) -> dict[str, Any]:
+    good = [r for r in records if "breakdown" in r] or records
+    return min(good, key=lambda r: r["process_wall_s"])
+
+
+def _row(r: dict[str, Any]) -> str:
+    b = r.get("breakdown") or {}
+    work = b.get("work_s") or {}
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in work.items() if v)
+    return (
+        f"| {r['scenario']} | {b.get('cells_ran', '?')} ran, {b.get('cells_cached', '?')} cached "
+        f"| {r['process_wall_s']:.1f} s | {(r.get('timings') or {}).get('wall_s', 0):.1f} s "
+        f"| {r['cpu_s']:.1f} s | {len(b.get('lanes') or [])} | {parts or '-'} "
+        f"| {100 * float(b.get('harness_share') or 0):.1f}% "
+        f"| {r['load_before'][0]:.1f} / {r['load_after'][0]:.1f} |"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--select", action="append", default=[], metavar="GLOB")
+    ap.add_argument("--probe", default=PROBE_FILE, help=f"file of the op to change (default {PROBE_FILE})")
+    ap.add_argument("--repeat", type=int, default=1, help="one-op and nothing runs (fastest counts)")
+    ap.add_argument("--skip-cold", action="store_true", help="keep the caches (a second pass)")
+    ap.add_argument(
+        "--import-profile", metavar="KIND", help="also profile a fork server's imports (cpu|cuda)"
+    )
+    ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- then more `opgate run` arguments")
+    ap.add_argument("--keep-runs", action="store_true", help="keep every run's cells/, logs/ and work/")
+    args = ap.parse_args()
+    global KEEP_RUNS
+    KEEP_RUNS = args.keep_runs
+    out = args.out.resolve()
+    caches = out / "cache"
+    env = {
+        **os.environ,
+        "TRITON_CACHE_DIR": str(caches / "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+        "OPGATE_BUILD_CACHE": str(caches / "builds"),
+        "OPGATE_CACHE": str(caches / "verdicts"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    run_args = [a for g in args.select for a in ("--select", g)] + [a for a in args.rest if a != "--"]
+    if not args.skip_cold:
+        shutil.rmtree(caches, ignore_errors=True)
+    shutil.rmtree(out / "runs", ignore_errors=True)
+    records = [] if args.skip_cold else [_run("cold", out, run_args, env)]
+    records.append(_run("warm", out, [*run_args, "--no-cache"], env))
+    probe = ROOT / args.probe
+    original = _probe(probe)
+    try:
+        one = [_run(f"one-op-{i}", out, run_args, env) for i in range(1, args.repeat + 1)]
+        # the later repeats find the changed op cached: only the first is a one-op change
+        records.append({**one[0], "scenario": "one-op"})
+    finally:
+        probe.write_text(original)
+    nothing = [_run(f"nothing-{i}", out, run_args, env) for i in range(1, args.repeat + 1)]
+    records.append({**_fastest(nothing), "scenario": "nothing"})
+    summary = {
+        "argv": run_args,
+        "probe": f"{args.probe}: {PROBE_LINE.strip()}",
+        "cpus": os.cpu_count(),
+        "scenarios": records,
+        "all_runs": one + nothing,
+    }
+    if args.import_profile:
+        summary["preload_profile"] = _preload_profile(env, args.import_profile)
+    (out / "speed.json").write_text(json.dumps(summary, indent=1) + "\n")
+    by = {r["scenario"]: r for r in records}
+    lines = [
+        "| scenario | cells | process wall | run wall | CPU | lanes | work (s) | harness | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(_row(r) for r in records),
+    ]
+    base = by.get("cold") or by.get("warm")
+    if base and "one-op" in by:
+        lines.append("")
+        ratio = base["process_wall_s"] / max(by["one-op"]["process_wall_s"], 1e-9)
+        nothing = by["nothing"]["process_wall_s"]
+        lines.append(f"{base['scenario']} / one-op: {ratio:.1f}x; nothing changed: {nothing:.1f} s")
+    (out / "speed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["rc"] in (0, 1) for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

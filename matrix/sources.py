@@ -1,0 +1,211 @@
+"""The files a verdict depends on: an op's sources (followed through its imports), and the harness.
+
+Two questions need the same answer.  The verdict cache
+(:mod:`opgate.validators.cache`) asks "did anything this cell depends on
+change?" and digests the files; ``--changed-since REF``
+(:mod:`opgate.matrix.changes`) asks "which ops can a git diff affect?" and
+compares paths.  Both walk the same imports, so a shared helper
+(``ops/_triton_util.py``) or a sibling op's kernels that ``fused_add_rms_norm``
+imports count for the ops that import them, and a self-test script nothing
+imports counts for none.  It lives in the matrix stage because ``opgate plan``
+answers the second question without importing the validators (or torch).
+
+Third-party modules are never walked: they are covered by their installed
+versions in the cache's environment key.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SOURCE_SUFFIXES = frozenset(
+    {".py", ".yaml", ".yml", ".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp", ".inl"}
+)
+#: What a CUDA C++ implementation's folder contributes (its .py files count only if imported).
+CUDA_SUFFIXES = frozenset({".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp", ".inl"})
+#: The folder holding opgate's stages (``matrix``, ``validators``, ``ops``, ``reports``): the
+#: checkout's root, or ``site-packages/opgate`` once installed.
+OPGATE_DIR = Path(__file__).resolve().parent.parent
+#: Headers shared by every opgate CUDA op (on each build's include path).
+SHARED_CUDA = OPGATE_DIR / "ops" / "_cuda"
+#: The stages whose code judges every cell: a change to them (or to the opgate modules they
+#: import, such as the spec loader) can change any verdict.
+HARNESS_PACKAGES = ("validators", "matrix")
+
+
+def source_files(
+    folder: Path, recursive: bool, suffixes: frozenset[str] = frozenset({".py"})
+) -> Iterable[Path]:
+    """Source files of ``folder`` (all of them when recursive, else those with ``suffixes``)."""
+    if not folder.is_dir():
+        return
+    pattern = folder.rglob("*") if recursive else (p for p in folder.iterdir() if p.suffix in suffixes)
+    for path in sorted(pattern):
+        rel = path.relative_to(folder).parts
+        if (
+            path.is_file()
+            and path.suffix in SOURCE_SUFFIXES
+            and not any(p.startswith(".") or p in ("__pycache__", "build") for p in rel)
+        ):
+            yield path
+
+
+def module_candidates(name: str, roots: Sequence[Path]) -> list[Path]:
+    """Every file module ``name`` could be: opgate's own (``opgate.<stage>...``) or under ``roots``.
+
+    Listed whether or not they exist, so a deleted module an op still imports
+    is still one of the op's paths.  Empty for third-party modules.
+    """
+    parts = name.split(".")
+    if parts[0] == "opgate":
+        roots, parts = [OPGATE_DIR], parts[1:]
+        if not parts:
+            return []
+    out: list[Path] = []
+    for root in roots:
+        base = root.joinpath(*parts)
+        out += [base.with_suffix(".py"), base / "__init__.py"]
+    return out
+
+
+def module_file(name: str, roots: Sequence[Path]) -> Path | None:
+    """The file of module ``name`` (see :func:`module_candidates`), None when it is not ours."""
+    return next((c for c in module_candidates(name, roots) if c.is_file()), None)
+
+
+def imported(path: Path, module: str) -> set[str]:
+    """Module names ``path`` imports (``from a import b`` also yields ``a.b``: it may be a module).
+
+    Imports inside functions count (lazy imports are imports).  Each file is
+    parsed once per process while it stays unchanged: every op's walk meets
+    the shared helpers again.
+    """
+    try:
+        stat = path.stat()
+    except OSError:
+        return set()
+    return set(_imported(path, module, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4096)
+def _imported(path: Path, module: str, mtime_ns: int, size: int) -> frozenset[str]:
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in _statements(tree.body):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return frozenset(n for n in names if n)
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement, nested ones included, without descending into expressions (imports are statements)."""
+    todo = list(body)
+    while todo:
+        node = todo.pop()
+        yield node
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for child in getattr(node, name, ()) or ():
+                if isinstance(child, ast.stmt):
+                    todo.append(child)
+                else:  # an except handler or a match case: its body holds statements
+                    todo.extend(getattr(child, "body", ()))
+
+
+@dataclass
+class Closure:
+    """What following imports from some modules reached: the files, and every path watched."""
+
+    files: dict[Path, None] = field(default_factory=dict)  # existing files, in discovery order
+    watched: set[Path] = field(default_factory=set)  # files + where imported modules could appear
+    cuda_dirs: set[Path] = field(default_factory=set)  # a CUDA source added to one of these counts too
+
+    def covers(self, path: Path) -> bool:
+        """Whether a change to ``path`` (resolved; it may no longer exist) can change the verdict."""
+        return path in self.watched or (path.parent in self.cuda_dirs and path.suffix in CUDA_SUFFIXES)
+
+
+def import_closure(modules: Iterable[str], roots: Sequence[Path], closure: Closure | None = None) -> Closure:
+    """Follow ``modules`` through their imports (opgate's and ``roots``' modules only)."""
+    found = closure if closure is not None else Closure()
+    todo, done = list(modules), set[str]()
+    while todo:
+        module = todo.pop()
+        if module in done:
+            continue
+        done.add(module)
+        candidates = [c.resolve() for c in module_candidates(module, roots)]
+        found.watched.update(candidates)
+        path = next((c for c in candidates if c.is_file()), None)
+        if path is not None:
+            found.files[path] = None
+            todo += sorted(imported(path, module) - done)
+    return found
+
+
+def op_closure(spec: Any) -> Closure:
+    """An op's spec, the Python it imports and its CUDA sources (see the module docstring)."""
+    roots = [Path(spec.root).resolve()] if spec.root is not None else []
+    modules = [ref.split(":")[0] for ref in (spec.reference, spec.samples)]
+    found = Closure()
+    spec_path = Path(spec.path).resolve()
+    found.files[spec_path] = None
+    for impl in spec.implementations.values():
+        modules += [m for m in (impl.module, (impl.entry or "").split(":")[0]) if m]
+        for src in impl.sources or []:
+            folder = (spec_path.parent / src).parent
+            found.files.update(dict.fromkeys(source_files(folder, recursive=False, suffixes=CUDA_SUFFIXES)))
+            found.files.update(
+                dict.fromkeys(source_files(SHARED_CUDA, recursive=False, suffixes=CUDA_SUFFIXES))
+            )
+            found.cuda_dirs.update({folder.resolve(), SHARED_CUDA.resolve()})
+    import_closure(modules, roots, found)
+    found.watched.update(found.files)
+    return found
+
+
+def op_source_files(spec: Any) -> list[Path]:
+    """Every file an op's verdict depends on, sorted (what the verdict cache digests)."""
+    return sorted(op_closure(spec).files)
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(OPGATE_DIR).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(("opgate", *parts))
+
+
+def harness_closure() -> Closure:
+    """The harness: every source of the validators and matrix stages, and the opgate modules they import.
+
+    The import walk is what brings in ``ops/spec.py`` and the schema (they
+    decide how every spec reads) without counting any op's own sources.  The
+    matrix stage's YAML files are configs: only the one a run uses counts.
+    """
+    found = Closure()
+    modules: list[str] = []
+    for package in HARNESS_PACKAGES:
+        for path in source_files(OPGATE_DIR / package, recursive=True):
+            if package == "matrix" and path.suffix != ".py":
+                continue  # matrix configs count only when in use (matrix.changes)
+            found.files[path.resolve()] = None
+            if path.suffix == ".py":
+                modules.append(_module_name(path))
+    import_closure(modules, [], found)
+    found.watched.update(found.files)
+    return found
