@@ -113,6 +113,35 @@ def test_a_fork_server_whose_preload_touched_cuda_is_refused(
         launcher.stop()
 
 
+def test_a_fork_server_whose_forks_are_poisoned_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """is_available() marks later forks bad, is_initialized() stays False: only a real fork tells."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import torch\ntorch.cuda._is_in_bad_fork = lambda: True  # what asking the CUDA runtime leaves\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    launcher = Launcher(WorkerConfig(logs=tmp_path / "logs", fork_server=True))
+    launcher.prestart(["cpu"])
+    try:
+        worker = launcher.spawn("cpu-c-1", "cpu", None)
+        assert not worker.forked
+        assert _hello(worker)["type"] == "hello"  # a fresh interpreter serves instead
+        assert "a forked child could not start CUDA" in (tmp_path / "logs" / "forkserver-cpu.log").read_text()
+        worker.close()
+        worker.wait(timeout=10)
+    finally:
+        launcher.stop()
+
+
+def test_forks_of_a_clean_process_are_usable() -> None:
+    from opgate.validators.forkserver import _forks_poisoned
+
+    assert _forks_poisoned() is False
+
+
 def test_build_workers_fork_from_the_cuda_server_never_from_the_cpu_one(tmp_path: Path) -> None:
     """One torch import per GPU run; a cpu server's Triton (imported for the interpreter) cannot build."""
     cfg = WorkerConfig(logs=tmp_path, module="tests.fixtures_runner.fake_worker", fork_server=True)

@@ -198,6 +198,14 @@ class Fingerprint:
         return "-".join(parts)
 
 
+def _cudnn_version(torch: Any) -> int | None:
+    """cuDNN's version, or None: with no device visible torch's own probe raises."""
+    try:
+        return int(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None
+    except (RuntimeError, ValueError):
+        return None
+
+
 def fingerprint() -> Fingerprint:
     """Facts about the running interpreter's environment (imports torch)."""
     import torch
@@ -208,7 +216,7 @@ def fingerprint() -> Fingerprint:
         torch=torch.__version__,
         triton=_dist_version("triton"),
         cuda_runtime=torch.version.cuda,
-        cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        cudnn=_cudnn_version(torch),
         cxx11abi=bool(torch.compiled_with_cxx11_abi()),
         nvcc={nvcc_version(nvcc) or "unknown": nvcc} if nvcc else {},
         driver=driver_version() if gpus else None,

@@ -50,6 +50,12 @@ def serve_forks(fd: int, kind: str, threads: int, ops_paths: Sequence[Path]) -> 
 
     t0 = time.perf_counter()
     sock = socket.socket(fileno=fd)
+    # ``torch.cuda.is_available()`` asks the CUDA runtime for a device count, and
+    # that alone marks every later fork "bad" (CUDA can then never start in the
+    # child), though ``is_initialized()`` stays False.  Triton's driver probe and
+    # library imports call it freely; through NVML the same question leaves forks
+    # usable.  A documented torch switch, read on each call.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     specs, run_cell = preload(ops_paths, kind)
     pre = Preloaded(kind, threads, specs, run_cell)
     import torch
@@ -57,6 +63,13 @@ def serve_forks(fd: int, kind: str, threads: int, ops_paths: Sequence[Path]) -> 
     if torch.cuda.is_initialized():  # e.g. a sitecustomize or an op module that touched the GPU
         print("fork server: CUDA initialised while preloading; forks could not use it", file=sys.stderr)
         return 3  # never ready: the launcher starts fresh interpreters instead
+    if _forks_poisoned():
+        print(
+            "fork server: a forked child could not start CUDA (the preload asked the CUDA runtime "
+            "for devices); starting fresh interpreters instead",
+            file=sys.stderr,
+        )
+        return 3
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -84,6 +97,21 @@ def serve_forks(fd: int, kind: str, threads: int, ops_paths: Sequence[Path]) -> 
             for f in fds:
                 os.close(f)
             _send(sock, {"pid": pid})
+
+
+def _forks_poisoned() -> bool:
+    """Whether a child forked now would refuse to start CUDA (checked in a real fork).
+
+    torch poisons forks through a ``pthread_atfork`` handler that nothing in
+    the parent can read back, so the only sure answer is a child's.
+    """
+    import torch
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
 
 
 def _reap(sock: socket.socket) -> None:
