@@ -276,3 +276,72 @@ def test_a_gpu_cell_without_checked_evidence_is_never_pass() -> None:
         unchecked_evidence([CheckResult("correctness", Verdict.FAIL), *skipped[1:]], "cuda:0", "eager")
         is None
     )
+
+
+PY_OP_MODULE = """
+import torch
+
+from opgate.ops.base import SampleInput, randn
+
+CALLS = []
+
+
+def reference(x):
+    return torch.tanh(x)
+
+
+def op(x):
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    CALLS.append(isinstance(x, FakeTensor))  # a Triton launch here would read a fake pointer
+    return torch.tanh(x)
+
+
+def samples(shape, dtype, device, generator):
+    return SampleInput(args=(randn(tuple(shape), dtype, device, generator),), grad_args=())
+"""
+
+PY_OP_SPEC = """
+spec_version: 1
+op: py_tanh
+summary: "a plain Python function, as Liger's ops are"
+category: activation
+reference: opgate_py_op:reference
+samples: opgate_py_op:samples
+shapes: {default: [[4, 8]]}
+dtypes: [fp32]
+layouts: [contiguous]
+modes: [eager, compile]
+tolerance: {k: 2.0, atol_floor: 1.0e-5}
+implementations:
+  py:
+    kind: external
+    entry: opgate_py_op:op
+    evidence: {cpu: {expect: ["aten::tanh"]}, cuda: {expect: ["*tanh*"]}}
+"""
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_a_plain_python_op_is_never_called_on_fake_tensors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """On a GPU its kernels would launch on fake tensors' null pointers: an illegal memory access."""
+    import sys
+
+    from opgate.ops.spec import load_spec
+    from opgate.validators.checks import run_cell
+
+    (tmp_path / "opgate_py_op.py").write_text(PY_OP_MODULE)
+    (tmp_path / "py_tanh").mkdir()
+    (tmp_path / "py_tanh" / "spec.yaml").write_text(PY_OP_SPEC)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = load_spec(tmp_path / "py_tanh" / "spec.yaml", tmp_path)
+    cell = dataclasses.replace(make_cell("py_tanh", "fp32", "contiguous", mode), impl="py")
+    out = run_cell(cell, spec, "cpu", 1, tmp_path / "work")
+    check = next(c for c in out.checks if c.name == "fake_meta")
+    assert check.status is Verdict.SKIP
+    assert "not a torch.library op" in check.summary
+    calls = sys.modules["opgate_py_op"].CALLS
+    assert calls  # the op ran ...
+    assert not any(calls), calls  # ... never on a FakeTensor outside a tracer
+    assert all(c.status in (Verdict.PASS, Verdict.SKIP) for c in out.checks), out.checks

@@ -14,9 +14,11 @@ offset), and every output's shape, dtype, device and significant strides
 A mismatch is a ``fail`` naming the output and what differs.  The mode's
 artifact is then not built (``artifact.failure``): compiling the graph around
 a lying op would only abort the worker.  An op that cannot run on fake tensors
-outside a tracer (a Python function launching Triton kernels itself, which
-Dynamo traces instead) is a ``skip`` with the reason; the mode's own check
-reports what tracing makes of it.  So is an op that tracing decomposes (a
+outside a tracer is a ``skip`` with the reason; the mode's own check reports
+what tracing makes of it.  A plain Python function (no torch.library op) is
+never called under ``FakeTensorMode``: it has no fake impl, and on a GPU its
+Triton launches would read fake tensors' null pointers (an illegal memory
+access that poisons the worker); Dynamo traces such a body instead.  So is an op that tracing decomposes (a
 CompositeImplicitAutograd kernel and no kernel of its own for the device):
 its composite replaces the kernel in every traced graph, so no fake describes
 the kernel, and the evidence check shows the kernel vanishing.
@@ -90,6 +92,17 @@ def traced_through(qualname: str | None, device_kind: str) -> bool:
 
 
 def applies(ctx: CellContext) -> str | None:
+    if not ctx.impl.qualname:
+        # A plain Python function (Liger's autograd.Function, a wrapper around a
+        # Triton launch) has no fake impl: called under FakeTensorMode it runs its
+        # body, and on a GPU its kernels launch on fake tensors' null pointers -- an
+        # illegal memory access that poisons the worker.  Tracing (Dynamo) is the
+        # only safe way to run such a body on fake tensors; the mode's check and the
+        # evidence check report what it makes of it.
+        return (
+            "a Python function, not a torch.library op: it has no fake impl to compare "
+            "(tracing runs its body instead)"
+        )
     if traced_through(ctx.impl.qualname, ctx.device_kind):
         return (
             f"{ctx.impl.qualname} has a CompositeImplicitAutograd kernel: tracing runs that composite, "
