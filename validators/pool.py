@@ -282,7 +282,10 @@ class Pool:
             self._pending.appendleft(task)  # not this cell's fault; _dispatch gives up after repeats
             return
         reason = exit_description(rc)
+        said = _cell_output_tail(task.log) if rc is not None and rc > 0 else ""
         _append(task.log, f"=== {reason}")
+        if said:  # a library that calls exit() says why only on stderr (bitsandbytes: "Error ... ops.cu")
+            reason = f"{reason}; last output: {said}"
         elapsed = time.monotonic() - lane.sent_at
         attempt = Attempt(_error(reason), elapsed, worker.name, external=killed_from_outside(rc))
         self._finish(task, attempt)
@@ -364,6 +367,17 @@ def _append(path: Path, line: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(line + "\n")
+
+
+def _cell_output_tail(path: Path) -> str:
+    """The last line the cell itself printed to its log ('' when only opgate's own lines are there)."""
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    if not lines or lines[-1].startswith("==="):
+        return ""
+    return lines[-1].strip()[:200]
 
 
 def _last_line(path: Path) -> str:
