@@ -174,3 +174,10 @@ def test_run_path_end_to_end_with_host_clock_events(tmp_path, monkeypatch):
         assert record["rotated_copies"] == timing.rotation_count(2 * m * n + 2 * n, 1 << 20) > 1
         assert record["bytes"] == 2 * record["shape"][0] * record["shape"][1] * 2 + record["shape"][1] * 2
     assert "us" in result.summary
+
+
+def test_every_timed_mode_runs_the_perf_check() -> None:
+    """The worth-it verdict needs the perf check in each mode it is defined for (cudagraphs too)."""
+    from opgate.validators.checks.cell import MODE_CHECKS
+
+    assert all("perf" in MODE_CHECKS[mode] for mode in perf.MODES)

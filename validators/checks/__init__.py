@@ -14,7 +14,7 @@ Each check is a small module exposing ``CHECKS``: a tuple of
 eager       mutation, correctness, gradients, gradcheck, opcheck (4 sub-tests), fake_meta,
             evidence, sass, perf
 compile     fake_meta, compile (fullgraph, breaks, recompiles), correctness, mutation, evidence, perf
-cudagraphs  fake_meta, cudagraphs (skip counts), correctness, evidence (the graph replay)
+cudagraphs  fake_meta, cudagraphs (skip counts), correctness, evidence (the graph replay), perf
 export      fake_meta, export (op node kept, also after ``run_decompositions()``),
             correctness, mutation, evidence (``ep.module()`` and the decomposed program)
 aoti        fake_meta, aoti (package + load + run), correctness, mutation, evidence (the loaded package's run)

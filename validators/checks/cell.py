@@ -48,7 +48,7 @@ MODE_CHECKS: dict[str, tuple[str, ...]] = {
         "perf",
     ),
     "compile": ("fakemeta", "compile", "correctness", "mutation", "evidence", "perf"),
-    "cudagraphs": ("fakemeta", "cudagraphs", "correctness", "evidence"),
+    "cudagraphs": ("fakemeta", "cudagraphs", "correctness", "evidence", "perf"),
     "export": ("fakemeta", "export", "correctness", "mutation", "evidence"),
     "aoti": ("fakemeta", "aoti", "correctness", "mutation", "evidence"),
 }
