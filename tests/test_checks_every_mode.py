@@ -150,6 +150,13 @@ def test_zero_size_waives_expect_only_when_nothing_launched(
     assert "the input is empty, but the op ran other work" in result.summary
     assert evidence.launched_nothing(["aten::empty", "aten::view"], "cpu")
     assert not evidence.launched_nothing(["aten::empty", "aten::mul"], "cpu")
+    # compiled graphs on an empty input: Inductor's kernels work on the op's other arguments
+    liger_rope = ["triton_poi_fused_neg_unsqueeze_0"]
+    assert evidence.launched_nothing(liger_rope, "cuda", "compile")
+    assert not evidence.launched_nothing(liger_rope, "cuda", "eager")
+    assert not evidence.launched_nothing(
+        [*liger_rope, "void at::native::elementwise_kernel"], "cuda", "compile"
+    )
 
 
 def test_uint8_copies_count_but_the_interpreters_byte_copies_do_not(tmp_path: Path) -> None:
