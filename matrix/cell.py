@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opgate.matrix.modes import MODE_NAMES
+
 #: Axis names in id order.  Adding an axis is a format change: bump CELL_ID_VERSION.
 AXES: tuple[str, ...] = ("op", "impl", "torch", "cuda", "arch", "dtype", "layout", "mode", "shapes")
 CELL_ID_VERSION = 1
@@ -30,8 +32,8 @@ CELL_ID_VERSION = 1
 ARCHES: tuple[str, ...] = ("cpu", "sm_80", "sm_90")
 DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 IMPLS: tuple[str, ...] = ("triton", "cuda", "external")
-#: Runtime modes, plus ``build`` (binary evidence, no device needed).
-MODES: tuple[str, ...] = ("eager", "compile", "cudagraphs", "export", "aoti", "build")
+#: Runtime modes, plus ``build`` (binary evidence, no device needed): see :mod:`opgate.matrix.modes`.
+MODES: tuple[str, ...] = MODE_NAMES
 #: Generated layouts (validators derive the strides from the op's sample inputs).
 LAYOUTS: tuple[str, ...] = (
     "contiguous",

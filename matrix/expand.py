@@ -14,8 +14,9 @@ Rules, in order:
   of the same column (so ``[installed, "2.11.0"]`` works in the 2.11 session);
 * arch ``cpu`` has cuda ``none``; each GPU arch gets one cell per cuda version;
 * dtype / layout / mode: config values the implementation claims
-  (implementation lists narrow the op's); ``cudagraphs`` and ``build`` only on
-  GPU arches; ``build`` only for kinds triton/cuda and external implementations
+  (implementation lists narrow the op's); ``gpu_only`` modes (cudagraphs, build:
+  :mod:`opgate.matrix.modes`) only on GPU arches; ``binaries`` modes (build) only
+  for kinds triton/cuda and external implementations
   whose spec names ``binaries``, once per
   op/impl/torch/cuda/arch with dtype and layout ``all``;
 * shapes: config shape sets the op defines (a set no selected op defines is an error);
@@ -32,10 +33,10 @@ from typing import Any
 from opgate.matrix.cell import NOT_APPLICABLE, Cell, matches, select, torch_major_minor
 from opgate.matrix.config import INSTALLED, MatrixConfig
 from opgate.matrix.errors import ConfigError, SelectionEmpty
+from opgate.matrix.modes import mode as mode_of
 from opgate.matrix.schema import Problems, did_you_mean
 from opgate.ops.spec import ImplSpec, OpSpec
 
-GPU_ONLY_MODES = frozenset({"cudagraphs", "build"})
 BUILD_KINDS = frozenset({"triton", "cuda"})
 NO_TORCH = "none"
 
@@ -86,11 +87,12 @@ def _impl_cells(config: MatrixConfig, spec: OpSpec, impl: ImplSpec, torches: Seq
             for cuda in cudas:
                 at = (spec.op, impl.name, torch, cuda, arch)
                 for mode in modes:
-                    if mode in GPU_ONLY_MODES and arch == "cpu":
+                    binaries = mode_of(mode).binaries
+                    if mode_of(mode).gpu_only and arch == "cpu":
                         continue
-                    if mode != "build" and arch != "cpu" and cuda not in config.cuda:
+                    if not binaries and arch != "cpu" and cuda not in config.cuda:
                         continue  # a build_cuda version: binary evidence only
-                    if mode == "build":
+                    if binaries:
                         if impl.kind in BUILD_KINDS or impl.audits_binaries:
                             cells.append(Cell(*at, NOT_APPLICABLE["dtype"], NOT_APPLICABLE["layout"], mode))
                         continue

@@ -28,21 +28,15 @@ from typing import Any
 from opgate.matrix.cell import Cell, torch_major_minor
 from opgate.matrix.errors import ConfigError, Location, ResultsFormatError, UsageError
 from opgate.matrix.files import read_json
+from opgate.matrix.modes import MODES
 
 DEFAULT_MAX_JOBS = 64
 GHA_MAX_JOBS = 256  # GitHub's cap on jobs per matrix
 GHA_OUTPUT_LIMIT = 1_000_000  # bytes: job outputs are capped at 1 MB
 DEFAULT_TARGET_S = 600.0  # split a group only while its shards would run longer than this
 MANIFEST_VERSION = 1
-#: Seconds per cell when no history says otherwise (first compile ~17 s on CPU, cold CUDA build ~80 s).
-DEFAULT_ESTIMATE_S: Mapping[str, float] = {
-    "eager": 5.0,
-    "compile": 20.0,
-    "cudagraphs": 25.0,
-    "export": 15.0,
-    "aoti": 60.0,
-    "build": 90.0,
-}
+#: Seconds per cell when no history says otherwise (:attr:`opgate.matrix.modes.Mode.estimate_s`).
+DEFAULT_ESTIMATE_S: Mapping[str, float] = {name: m.estimate_s for name, m in MODES.items()}
 
 
 @dataclass(frozen=True)

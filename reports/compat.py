@@ -23,6 +23,7 @@ import jsonschema
 
 from opgate.matrix.errors import ResultsFormatError
 from opgate.matrix.files import read_json
+from opgate.matrix.modes import to_json as modes_json
 from opgate.reports.merge import Entry, Merged
 from opgate.reports.perf import HISTORY_LIMIT, SAMPLES_KEPT, series_from_results, with_history
 from opgate.validators.env import Fingerprint, FingerprintError
@@ -81,6 +82,7 @@ class Compat:
             "sources": self.sources,
             "missing": self.missing,
             "environments": self.environments,
+            "modes": modes_json(),
             "cells": self._records(self.entries),
             "controls": self._records(self.controls),
             "perf": self.perf,

@@ -4,8 +4,9 @@ The page holds no verdicts.  Its script fetches ``compat.json`` from the same
 folder, so the published page stays under 200 KB however large the matrix grows,
 and the one file every tool reads is the one file the page reads.  What the
 page needs besides the data, and what only Python knows (column labels with
-the GPU that ran them, verdict buckets and glyphs, the severity order, the
-modes), sits in a small inline ``layout`` block; the summary table and the
+the GPU that ran them, verdict buckets and glyphs, the severity order), sits
+in a small inline ``layout`` block (the modes' order and summaries come with
+the data: compat.json ``modes``); the summary table and the
 perf charts are rendered here, at publish time.
 
 Opened from ``file://``, browsers refuse ``fetch`` of a neighbouring file.
@@ -26,7 +27,6 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from opgate.matrix.cell import MODES
 from opgate.reports.charts import perf_section
 from opgate.reports.compat import COMPAT_SCHEMA_VERSION, Compat
 from opgate.reports.completeness import html_notice
@@ -87,7 +87,6 @@ def layout(compat: Compat) -> dict[str, Any]:
         "bucket_order": list(BUCKETS),
         "glyphs": dict(GLYPHS),
         "severity": [v.value for v in SEVERITY],
-        "modes": list(MODES),
         "anchor": CELL_ANCHOR,
         "serve_hint": SERVE_HINT,
     }

@@ -14,12 +14,14 @@ from collections.abc import Iterable, Mapping
 from html import escape
 from typing import Any
 
+from opgate.matrix.modes import MODES as ALL_MODES
 from opgate.reports.envs import column_of, column_sort_key
 from opgate.reports.merge import Entry
 from opgate.reports.view import row_of
 from opgate.validators.perf.worth import FINDINGS, SLOWER
 
-MODES = ("eager", "compile", "cudagraphs")
+#: The timed modes (:attr:`opgate.matrix.modes.Mode.timed`): the worth-it table's columns.
+MODES = tuple(name for name, m in ALL_MODES.items() if m.timed)
 PERF_CHECK = "perf"
 
 

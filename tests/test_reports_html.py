@@ -75,8 +75,17 @@ def test_layout_says_what_only_python_knows(page: str, doc: compat.Compat) -> No
         cell = entry.result.cell
         assert f"{cell.torch}|{cell.cuda}|{cell.arch}" in layout["column_of"]
     assert set(layout["buckets"]) == {v.value for v in Verdict}
-    assert layout["modes"] == list(MODES)
+    assert "modes" not in layout  # mode facts travel with the data (compat.json "modes"), not the page
     assert layout["anchor"] + FAIL_CELL == cell_url("x.html", FAIL_CELL).split("#", 1)[1]
+
+
+def test_compat_json_carries_the_mode_table(doc: compat.Compat) -> None:
+    """The dashboard orders and describes modes from the published JSON: the one table, in order."""
+    published = doc.to_json()["modes"]
+    assert [m["name"] for m in published] == list(MODES)
+    assert all(m["summary"] and m["name"] in MODES for m in published)
+    assert {m["name"] for m in published if m["gpu_only"]} == {"cudagraphs", "build"}
+    compat.validate_document(doc.to_json(), "compat.json")
 
 
 def test_layout_block_cannot_be_closed_by_data() -> None:

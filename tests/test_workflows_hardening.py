@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from opgate.reports.alerts.registry import PLATFORMS
 from tests.lint_commands import lint_command
 from tests.workflow_rules import PR_CONCURRENCY_GROUP, RULES, Workflow, check
 
@@ -62,17 +63,8 @@ def findings(path: Path) -> set[str]:
     return {v.rule for v in check(path)} | set(zizmor_findings().get(path.name, ()))
 
 
-SECRETS = (
-    "OPGATE_SLACK_WEBHOOK_URL",
-    "OPGATE_FEISHU_WEBHOOK_URL",
-    "OPGATE_FEISHU_SECRET",
-    "OPGATE_DINGTALK_WEBHOOK_URL",
-    "OPGATE_DINGTALK_SECRET",
-    "OPGATE_WECOM_WEBHOOK_URL",
-    "OPGATE_TEAMS_WEBHOOK_URL",
-    "OPGATE_DISCORD_WEBHOOK_URL",
-    "OPGATE_WEBHOOK_URL",
-)
+#: every registered chat platform's URL and signing secret: the nightly's alert step must pass each
+SECRETS = tuple(name for p in PLATFORMS.values() for name in (p.url_env, p.secret_env) if name is not None)
 
 
 def load(name: str) -> Workflow:

@@ -18,16 +18,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-#: Check name -> category.  Compile-mode checks include the first (compiling)
-#: calls; build covers nvcc / ptxas and the binary listing.
+from opgate.matrix.modes import MODES
+
+#: Check name -> category, besides each mode's own check (named like the mode,
+#: its category in :mod:`opgate.matrix.modes`: a compiling mode's check includes
+#: the first, compiling calls).  Build covers nvcc / ptxas and the binary listing.
 CATEGORIES: Mapping[str, str] = {
-    "build": "build",
+    **{name: m.category for name, m in MODES.items()},
     "triton_build": "build",
     "sass": "build",
-    "compile": "compile",
-    "cudagraphs": "compile",
-    "export": "compile",
-    "aoti": "compile",
     "opcheck:test_aot_dispatch_dynamic": "compile",
     "evidence": "profiling",
 }

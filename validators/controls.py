@@ -32,6 +32,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from opgate.matrix.cell import Cell
+from opgate.matrix.modes import MODES
 from opgate.ops.spec_schema import CONTROL_IMPL
 from opgate.validators.result import CellResult, CheckResult, Verdict
 
@@ -42,7 +43,8 @@ __all__ = ["CONTROL_IMPL", "control_impl", "control_of", "failure_kind", "is_con
 
 #: Modes whose machinery (Dynamo/Inductor, CUDA graphs, torch.export, AOTInductor) can be broken
 #: by the environment independently of any op.  Eager has nothing between the op and torch.
-CONTROLLED_MODES = frozenset({"compile", "cudagraphs", "export", "aoti"})
+#: (:attr:`opgate.matrix.modes.Mode.controlled`)
+CONTROLLED_MODES = frozenset(name for name, m in MODES.items() if m.controlled)
 #: Op cell verdicts a control can explain; a fallback is evidence about the op, flaky its nondeterminism.
 EXCUSABLE = frozenset({Verdict.FAIL, Verdict.ERROR})
 CONTROL_LAYOUT = "contiguous"

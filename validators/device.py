@@ -26,19 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from opgate.matrix.cell import Cell, torch_major_minor
+from opgate.matrix.modes import mode as mode_of
 
-#: Modes whose runtime state cannot be trusted to stay inside one cell (AOTInductor
-#: loaders that segfault, loaded .so files): a fresh worker per cell.  ``build``
-#: cells are not among them: nvcc, Triton's cross-compile and cuobjdump all run
-#: in child processes, so a build worker's own state never changes.
-ISOLATED_MODES = frozenset({"aoti"})
-#: Modes that share a reusable worker only while they pass.  ``dynamo.reset()``
-#: drops CUDA graph trees and their memory pools between cells, and the health
-#: probe catches a stream left capturing; a cell that does not pass still retires
-#: its worker, so state from a failed capture never reaches the next cell.  (A
-#: fresh worker per cudagraphs cell cost ~10 s of start-up on the H200 for ~3 s
-#: of work.)
-CONTAINED_MODES = frozenset({"cudagraphs"})
+#: How far a worker is trusted after a cell is the mode's ``worker`` policy
+#: (:mod:`opgate.matrix.modes`): ``isolate`` (AOTInductor loaders that segfault,
+#: loaded .so files) gets a fresh worker per cell; ``contain`` (cudagraphs) shares
+#: a reusable worker only while cells pass, so state from a failed capture never
+#: reaches the next cell.  ``build`` cells are reused: nvcc, Triton's
+#: cross-compile and cuobjdump all run in child processes, so a build worker's
+#: own state never changes.
 
 
 @dataclass(frozen=True)
@@ -186,8 +182,9 @@ def place(
     missing = missing_distributions(requires)
     if missing:
         return Placement(None, f"requires {', '.join(missing)} (not installed here)")
-    isolate = cell.mode in ISOLATED_MODES or bool(cell.override("isolate", False))
-    if cell.mode == "build":
+    policy = mode_of(cell.mode)
+    isolate = policy.worker == "isolate" or bool(cell.override("isolate", False))
+    if policy.binaries:
         path, reason = find_nvcc(cell.cuda, nvcc_finder)
         if path is None:
             return Placement(None, reason)
@@ -196,7 +193,7 @@ def place(
         return Placement("cpu", isolate=isolate)
     if not any(g.arch == cell.arch for g in gpus):
         return Placement(None, f"no {cell.arch} device here")
-    return Placement("cuda", arch=cell.arch, isolate=isolate, contain=cell.mode in CONTAINED_MODES)
+    return Placement("cuda", arch=cell.arch, isolate=isolate, contain=policy.worker == "contain")
 
 
 def default_jobs() -> int:

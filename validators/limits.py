@@ -35,18 +35,13 @@ import resource
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from opgate.matrix.modes import MODES
+
 if TYPE_CHECKING:
     from opgate.matrix.cell import Cell
 
-#: Per-mode default timeouts (s): compile-heavy modes pay Inductor's first compile.
-DEFAULT_TIMEOUTS: Mapping[str, float] = {
-    "eager": 120.0,
-    "compile": 300.0,
-    "cudagraphs": 300.0,
-    "export": 300.0,
-    "aoti": 600.0,
-    "build": 900.0,
-}
+#: Per-mode default timeouts (s), from :attr:`opgate.matrix.modes.Mode.timeout_s`.
+DEFAULT_TIMEOUTS: Mapping[str, float] = {name: m.timeout_s for name, m in MODES.items()}
 #: A worker's memory limit (MiB of private memory, RLIMIT_DATA) unless the matrix or --memory-mb says
 #: otherwise: far above any real cell (a worker with torch imported holds ~300 MiB), far below a host.
 DEFAULT_MEMORY_MB = 8192

@@ -44,3 +44,14 @@ PLATFORMS: dict[str, Platform] = {
         ("webhook", webhook),
     )
 }
+
+
+def main() -> int:
+    """One ``name URL_ENV`` line per platform: the nightly alert step loops over them."""
+    for platform in PLATFORMS.values():
+        print(platform.name, platform.url_env)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

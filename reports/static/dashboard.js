@@ -15,7 +15,7 @@
   ];
   const columnOrder = LAYOUT.columns.map((c) => c.name);
   const columnLabel = Object.fromEntries(LAYOUT.columns.map((c) => [c.name, c.label]));
-  const state = { cells: [], environments: {}, byId: new Map() };
+  const state = { cells: [], environments: {}, byId: new Map(), modes: [], modeSummary: {} };
 
   function uniq(values) {
     return Array.from(new Set(values)).sort();
@@ -109,7 +109,7 @@
     colKeys.sort((a, b) => {
       const [ca, ma] = a.split("\u0000");
       const [cb, mb] = b.split("\u0000");
-      return columnOrder.indexOf(ca) - columnOrder.indexOf(cb) || LAYOUT.modes.indexOf(ma) - LAYOUT.modes.indexOf(mb);
+      return columnOrder.indexOf(ca) - columnOrder.indexOf(cb) || state.modes.indexOf(ma) - state.modes.indexOf(mb);
     });
     const table = document.getElementById("matrix");
     table.replaceChildren();
@@ -123,7 +123,10 @@
       let span = 0;
       while (i + span < colKeys.length && colKeys[i + span].split("\u0000")[0] === col) span += 1;
       top.appendChild(el("th", { colspan: String(span), class: "col" }, columnLabel[col] || col));
-      for (let k = 0; k < span; k += 1) sub.appendChild(el("th", { class: "mode" }, colKeys[i + k].split("\u0000")[1]));
+      for (let k = 0; k < span; k += 1) {
+        const mode = colKeys[i + k].split("\u0000")[1];
+        sub.appendChild(el("th", { class: "mode", title: state.modeSummary[mode] || "" }, mode));
+      }
       i += span;
     }
     thead.append(top, sub);
@@ -227,6 +230,10 @@
       throw new Error(source + ": schema_version " + doc.schema_version + ", this page reads " + LAYOUT.schema_version);
     }
     state.environments = doc.environments || {};
+    // the modes' order and summaries come with the data (compat.json "modes"); older documents: as the cells come
+    const modes = Array.isArray(doc.modes) ? doc.modes : [];
+    state.modes = modes.length ? modes.map((m) => m.name) : Array.from(new Set(doc.cells.map((c) => c.axes.mode)));
+    state.modeSummary = Object.fromEntries(modes.map((m) => [m.name, m.summary]));
     state.cells = doc.cells.map((c) => ({
       ...c,
       row: c.axes.op + "/" + c.axes.impl,

@@ -15,7 +15,7 @@ cell's reference runs through the same context.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -243,13 +243,16 @@ class Aoti(Exported):
         return self.runner(sample)(*tensor_args(sample))
 
 
+#: How each mode runs the op: its artifact, built from (op, dynamic shapes?, work folder).
+#: Modes not listed (eager) call the op directly.  A new mode adds its artifact here.
+ARTIFACTS: Mapping[str, Callable[[Callable[..., Any], bool, Path], Artifact]] = {
+    "compile": lambda op, dynamic, workdir: Compiled(op, dynamic),
+    "cudagraphs": lambda op, dynamic, workdir: CudaGraphed(op, dynamic),
+    "export": lambda op, dynamic, workdir: Exported(op),
+    "aoti": lambda op, dynamic, workdir: Aoti(op, workdir),
+}
+
+
 def make_artifact(mode: str, op: Callable[..., Any], dynamic: bool, workdir: Path) -> Artifact:
-    if mode == "compile":
-        return Compiled(op, dynamic)
-    if mode == "cudagraphs":
-        return CudaGraphed(op, dynamic)
-    if mode == "export":
-        return Exported(op)
-    if mode == "aoti":
-        return Aoti(op, workdir)
-    return Artifact(op)
+    factory = ARTIFACTS.get(mode)
+    return Artifact(op) if factory is None else factory(op, dynamic, workdir)

@@ -19,10 +19,12 @@ import contextlib
 import importlib.metadata
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from opgate.matrix.modes import MODES
+from opgate.matrix.modes import mode as mode_of
 from opgate.validators.interpreted_triton_op import support_triton_ops
 from opgate.validators.interpreter import round_bf16_to_nearest
 from opgate.validators.result import CheckResult, Verdict
@@ -34,24 +36,9 @@ if TYPE_CHECKING:
     from opgate.validators.checks.base import Check
     from opgate.validators.checks.context import CellContext
 
-#: Check modules per mode, in run order.
-MODE_CHECKS: dict[str, tuple[str, ...]] = {
-    "eager": (
-        "mutation",
-        "correctness",
-        "gradients",
-        "gradcheck",
-        "opcheck",
-        "fakemeta",
-        "evidence",
-        "sass",
-        "perf",
-    ),
-    "compile": ("fakemeta", "compile", "correctness", "mutation", "evidence", "perf"),
-    "cudagraphs": ("fakemeta", "cudagraphs", "correctness", "evidence", "perf"),
-    "export": ("fakemeta", "export", "correctness", "mutation", "evidence"),
-    "aoti": ("fakemeta", "aoti", "correctness", "mutation", "evidence"),
-}
+#: Check modules per mode, in run order (:attr:`opgate.matrix.modes.Mode.checks`); ``build``
+#: is not among them: its cells are delegated whole to ``validators.checks.build``.
+MODE_CHECKS: Mapping[str, tuple[str, ...]] = {name: m.checks for name, m in MODES.items() if m.checks}
 
 #: Checks owned elsewhere that a checkout may not have yet (absent -> not run).
 OPTIONAL_CHECKS = frozenset({"perf"})
@@ -223,10 +210,10 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     from opgate.validators.checks import CellOutcome
     from opgate.validators.result import combine
 
-    if cell.mode == "build":
+    if mode_of(cell.mode).binaries:
         return _build_outcome(cell, spec, device, seed, workdir)
-    if cell.mode == "cudagraphs" and not device.startswith("cuda"):
-        return CellOutcome([], [], "CUDA graphs need a CUDA device", Verdict.SKIP)
+    if mode_of(cell.mode).gpu_only and not device.startswith("cuda"):
+        return CellOutcome([], [], f"mode {cell.mode} needs a CUDA device", Verdict.SKIP)
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the op module decorates its kernels
         round_bf16_to_nearest()  # the interpreter truncates to bf16; the GPU rounds

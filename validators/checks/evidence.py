@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from opgate.matrix.modes import MODES as ALL_MODES
 from opgate.ops.base import SampleInput
 from opgate.validators.checks.base import Check
 from opgate.validators.checks.context import CellContext, call
@@ -52,7 +53,8 @@ NAME = "evidence"
 #: Base-pointer alignment Inductor assumes for graph inputs it compiled as aligned.
 ALIGN_BYTES = 16
 #: ``aoti``: a warm call of the *loaded package* is profiled, the run a deployment makes.
-MODES = ("eager", "compile", "cudagraphs", "export", "aoti")
+#: Modes that collect kernel evidence (their checks include this one: :mod:`opgate.matrix.modes`).
+MODES = tuple(name for name, m in ALL_MODES.items() if NAME in m.checks)
 #: CPU op events that allocate or view and compute nothing: on an empty input, a trace of only
 #: these (and the mode's wrappers) means the op launched nothing, so ``expect`` is waived.
 BOOKKEEPING_EVENTS = (

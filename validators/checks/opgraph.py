@@ -37,10 +37,11 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from opgate.matrix.modes import MODES
 from opgate.ops.base import SampleInput
 
-#: Modes whose cells run the op inside the graph.
-GRAPH_MODES = ("compile", "cudagraphs", "export")
+#: Modes whose cells run the op inside the graph (:attr:`opgate.matrix.modes.Mode.in_graph`).
+GRAPH_MODES = tuple(name for name, m in MODES.items() if m.in_graph)
 #: Base-pointer alignment a plain argument keeps (Inductor allocates graph buffers aligned).
 PLAIN_ALIGN = 16
 #: Aten ops the context adds (what Inductor names its kernels after).

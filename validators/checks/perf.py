@@ -38,6 +38,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from opgate.matrix.modes import MODES as ALL_MODES
 from opgate.validators.checks.base import Check, describe_exception
 from opgate.validators.checks.context import CellContext
 from opgate.validators.perf.worth import describe
@@ -47,9 +48,10 @@ if TYPE_CHECKING:
     from opgate.validators.perf.timing import Timing
 
 NAME = "perf"
-MODES = ("eager", "compile", "cudagraphs")
-#: Modes whose cells also record the op's own timing history (``details["shapes"]``).
-HISTORY_MODES = ("eager", "compile")
+#: Modes whose GPU cells are timed, and those that also record the op's own timing history
+#: (``details["shapes"]``): :attr:`opgate.matrix.modes.Mode.timed` / ``perf_history``.
+MODES = tuple(name for name, m in ALL_MODES.items() if m.timed)
+HISTORY_MODES = tuple(name for name, m in ALL_MODES.items() if m.perf_history)
 CPU_REASON = "perf is measured on GPUs only"
 #: Written next to the cells' work folders, so every worker of one run shares the ceilings.
 CEILINGS_FILE = "perf-ceilings.json"
