@@ -4,7 +4,7 @@ Session names are part of CI's contract (workflows call them by name), so they
 never depend on the machine:
 
     tests                     the project's test suite (torch 2.13.0 + triton 3.8.0 venv)
-    lint                      ruff, ruff format --check, mypy, actionlint, zizmor (LINT_COMMANDS)
+    lint                      ruff, ruff format, mypy, import-linter, actionlint, zizmor (LINT_COMMANDS)
     wheel                     build the wheel, install it as a team would, validate a new op with it
     matrix(torch=2.13.0)      the default matrix in a venv with that torch (and its triton)
     matrix(torch=2.14.1)      same, CUDA 13 build of torch (runs on CPU where there is no GPU)
@@ -108,6 +108,8 @@ LINT_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("ruff", "check", "."),
     ("ruff", "format", "--check", "."),
     ("mypy",),
+    # import-linter: matrix -> validators -> reports, ops imports no stage ([tool.importlinter])
+    ("lint-imports",),
     # .github/actionlint.yaml declares the self-hosted GPU runner labels
     ("actionlint", "-config-file", ".github/actionlint.yaml"),
     # workflows and dependabot.yml; deliberate findings are explained in .github/zizmor.yml
@@ -346,12 +348,15 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=True)
 def lint(session: nox.Session) -> None:
-    """ruff, formatting, mypy (against torch's own types), actionlint and zizmor on the workflows."""
+    """ruff, formatting, mypy (against torch's own types), the import layers, actionlint and zizmor."""
     provision(session)
     install_torch_env(session, TEST_TORCH)
     session.install(*EXTRAS["lint"])
+    # mypy and import-linter read opgate from the checkout link (see checkout_path)
+    paths = {"mypy": "MYPYPATH", "lint-imports": "PYTHONPATH"}
     for command in LINT_COMMANDS:
-        session.run(*command, env={"MYPYPATH": str(checkout_path())} if command[0] == "mypy" else None)
+        var = paths.get(command[0])
+        session.run(*command, env={var: str(checkout_path())} if var else None)
 
 
 def _external(session: nox.Session, distribution: str, specs: Path, select: str, run: str) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from opgate.matrix.cell import Cell
     from opgate.matrix.config import MatrixConfig
-    from opgate.ops.spec import OpSpec
+    from opgate.matrix.spec import OpSpec
 
 __all__ = ["expand_torches", "installed_torch", "load_cells", "narrow"]
 
@@ -43,7 +43,7 @@ def load_cells(
     releases).  Raises ``SelectionEmpty`` when the command-line globs leave nothing.
     """
     from opgate.matrix.config import load_config
-    from opgate.ops.spec import load_specs
+    from opgate.matrix.spec import load_specs
 
     config = load_config(config_path)
     return narrow(expand_torches(config, load_specs(ops_paths), torch_version), select, skip)

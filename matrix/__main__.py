@@ -109,7 +109,7 @@ def _runners(
 def _cells(args: argparse.Namespace) -> tuple[list[Cell], list[Cell], MatrixConfig]:
     """(universe, selected cells, config): the config's cells, then --select/--skip, then --changed-since."""
     from opgate.matrix.config import load_config
-    from opgate.ops.spec import load_specs
+    from opgate.matrix.spec import load_specs
 
     config = load_config(args.config)
     specs = load_specs(args.ops_path)

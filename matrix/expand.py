@@ -35,7 +35,7 @@ from opgate.matrix.config import INSTALLED, MatrixConfig
 from opgate.matrix.errors import ConfigError, SelectionEmpty
 from opgate.matrix.modes import mode as mode_of
 from opgate.matrix.schema import Problems, did_you_mean
-from opgate.ops.spec import ImplSpec, OpSpec
+from opgate.matrix.spec import ImplSpec, OpSpec
 
 BUILD_KINDS = frozenset({"triton", "cuda"})
 NO_TORCH = "none"

@@ -4,7 +4,7 @@ Editors validate YAML against JSON Schema (a ``# yaml-language-server:
 $schema=...`` line, or a settings entry); opgate itself validates with
 :mod:`matrix.schema`, which says ``file:line`` and "did you mean".  Both come
 from one definition: the files under ``matrix/schemas/`` are rendered from
-``ops.spec_schema.SPEC_SCHEMA`` and ``matrix.config.CONFIG_SCHEMA`` by
+``matrix.spec_schema.SPEC_SCHEMA`` and ``matrix.config.CONFIG_SCHEMA`` by
 :func:`to_json_schema`, and a test fails when the committed files differ from
 a fresh rendering.  Rules that span keys (an implementation's dtypes within
 the op's, a ``default`` shape set, references that resolve) are opgate's
@@ -100,7 +100,7 @@ def to_json_schema(schema: Schema) -> dict[str, Any]:
 def documents() -> dict[str, dict[str, Any]]:
     """File name -> JSON Schema document, for every published schema."""
     from opgate.matrix.config import CONFIG_SCHEMA
-    from opgate.ops.spec_schema import SPEC_SCHEMA
+    from opgate.matrix.spec_schema import SPEC_SCHEMA
 
     titles = {
         "spec.schema.json": ("opgate op spec (spec.yaml)", SPEC_SCHEMA, "ops/SPEC.md"),

@@ -9,7 +9,7 @@ The template lives with the matrix stage, which owns the spec format, and not
 under ``ops/``: that folder is opgate's payload, and every ``ops/*/spec.yaml``
 there is discovered as one of opgate's own ops.  Module references in the
 generated spec are written the way the op will be imported: from the import
-root of ``DIR`` (:func:`ops.spec_refs.import_root`), so ``opgate init ops``
+root of ``DIR`` (:func:`matrix.spec_refs.import_root`), so ``opgate init ops``
 in a repository whose package is ``ops`` writes ``ops.my_op.reference:...``.
 """
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from opgate.matrix.errors import OpgateError, UsageError
 from opgate.matrix.json_schemas import SCHEMAS_DIR
-from opgate.ops.spec_refs import import_root
-from opgate.ops.spec_schema import NAME_PATTERN, OPS_DIR
+from opgate.matrix.spec_refs import import_root
+from opgate.matrix.spec_schema import NAME_PATTERN, OPS_DIR
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "op"
 #: template file -> the file it becomes (``{name}`` is the op name)

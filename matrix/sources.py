@@ -193,7 +193,7 @@ def _module_name(path: Path) -> str:
 def harness_closure() -> Closure:
     """The harness: every source of the validators and matrix stages, and the opgate modules they import.
 
-    The import walk is what brings in ``ops/spec.py`` and the schema (they
+    The import walk is what brings in ``matrix/spec.py`` and the schema (they
     decide how every spec reads) without counting any op's own sources.  The
     matrix stage's YAML files are configs: only the one a run uses counts.
     """

@@ -5,7 +5,7 @@ ops exist, what they cover (module, shapes, dtypes, implementations), whether
 each is memory- or compute-bound, and how close it gets to the roofline.
 
 * **bound** comes from the spec's declared bytes and FLOPs at the op's largest
-  shape (bf16), through the one cost evaluator (:mod:`opgate.ops.cost`):
+  shape (bf16), through the one cost evaluator (:mod:`opgate.matrix.cost`):
   arithmetic intensity against the ridge point of the ceilings *measured* in
   the given benchmark runs (``bench.json`` ``ceilings``; ``--copy-gbps`` /
   ``--gemm-tflops`` override or fill in what a run did not measure).  Without
@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from opgate.ops.cost import CostError, shape_cost
-from opgate.ops.spec import OpSpec, load_specs
+from opgate.matrix.cost import CostError, shape_cost
+from opgate.matrix.spec import OpSpec, load_specs
 from opgate.reports import bench_table
 
 BF16_ITEMSIZE = 2

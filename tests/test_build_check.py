@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from opgate.matrix.cell import Cell
-from opgate.ops.spec import OpSpec, load_spec
+from opgate.matrix.spec import OpSpec, load_spec
 from opgate.validators.binaries import kernels_by_arch, list_arches
 from opgate.validators.checks.build import _judge_cuda, run_build_cell
 from opgate.validators.result import Verdict

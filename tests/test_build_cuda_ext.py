@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opgate.ops import _cuda_build as cb
+from opgate.validators import cuda_build as cb
 from opgate.validators.binaries import kernels_by_arch, list_arches
 from opgate.validators.toolchain import ensure_nvcc
 

@@ -16,7 +16,7 @@ import torch
 
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import ConfigError
-from opgate.ops.spec import Evidence, OpSpec, load_spec
+from opgate.matrix.spec import Evidence, OpSpec, load_spec
 from opgate.validators.binaries import gpu_sass_report, kernels_by_arch, parse_resource_usage
 from opgate.validators.binsource import loaded_binaries
 from opgate.validators.checks.build import run_build_cell

@@ -20,7 +20,7 @@ import pytest
 from opgate.matrix.changes import Changes, affected_by, changed_files
 from opgate.matrix.errors import ConfigError, UsageError
 from opgate.matrix.sources import OPGATE_DIR
-from opgate.ops.spec import load_specs
+from opgate.matrix.spec import load_specs
 
 FIXTURES = Path(__file__).parent / "fixtures_runner"
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +115,8 @@ def test_harness_code_or_the_config_in_use_affects_everything(repo: Path) -> Non
     for path in (
         OPGATE_DIR / "validators" / "pool.py",
         OPGATE_DIR / "validators" / "checks" / "correctness.py",
-        OPGATE_DIR / "ops" / "spec.py",  # the spec loader, reached from the harness's imports
+        OPGATE_DIR / "matrix" / "spec.py",  # the spec loader
+        OPGATE_DIR / "ops" / "_extension.py",  # payload-side, reached from the harness's imports
         config,
     ):
         found = affected_by(Changes("main", "0" * 40, repo, frozenset({path.resolve()})), specs, config)

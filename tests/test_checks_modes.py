@@ -147,7 +147,7 @@ def test_gradcheck_skips_ops_without_real_float64(tmp_path: Path) -> None:
 )
 def test_real_rms_norm_passes(dtype: str, layout: str, mode: str, tmp_path: Path) -> None:
     """No false alarms on the project's own Triton rms_norm."""
-    from opgate.ops.spec import load_specs
+    from opgate.matrix.spec import load_specs
 
     spec = load_specs()["rms_norm"]
     cell = make_cell("rms_norm", dtype, layout, mode)
@@ -163,7 +163,7 @@ def test_real_rms_norm_passes(dtype: str, layout: str, mode: str, tmp_path: Path
 
 def test_zero_size_keeps_contraction_operands_the_reference_needs(tmp_path: Path) -> None:
     """a @ b with an empty batch: only a's rows go, b's inner dim must stay."""
-    from opgate.ops.spec import load_specs
+    from opgate.matrix.spec import load_specs
 
     spec = load_specs()["matmul"]
     impl = next(iter(spec.implementations))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from opgate.ops.spec import Mutates
+from opgate.matrix.spec import Mutates
 from opgate.validators.checks import mutation
 from opgate.validators.checks.artifacts import Artifact
 from opgate.validators.checks.cell import poisoned_allocations

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from opgate.matrix.spec import load_spec, load_specs, resolve
 from opgate.ops.base import SampleInput
-from opgate.ops.spec import load_spec, load_specs, resolve
 from opgate.validators.checks import correctness, gradcheck, run_cell
 from opgate.validators.checks.artifacts import Artifact
 from opgate.validators.checks.cell import fresh_compiler_state, poisoned_allocations

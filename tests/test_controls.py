@@ -23,7 +23,7 @@ import pytest
 
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import ConfigError
-from opgate.ops.spec import load_spec
+from opgate.matrix.spec import load_spec
 from opgate.reports import compat, diff
 from opgate.reports.merge import merge, read_runs
 from opgate.validators.controls import control_of, failure_kind, link

@@ -11,6 +11,7 @@ run builds it for real).
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -18,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from opgate.ops import _cuda_build
-from opgate.ops.spec import OPS_DIR, load_specs
+from opgate.matrix.spec import OPS_DIR, load_specs
+from opgate.validators import cuda_build as _cuda_build
 
 
 def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, file: Path) -> None:
@@ -73,3 +74,30 @@ def test_a_module_no_implementation_names_is_refused(monkeypatch: pytest.MonkeyP
         ValueError, match=r"expected one cuda implementation with module opgate\.ops\.rms_norm\.other"
     ):
         _cuda_build.load_for_spec("opgate.ops.rms_norm.other")
+
+
+def test_the_payload_reaches_the_harness_build_through_its_own_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ops/`` imports no stage: its ``load_for_spec`` is the builder ``opgate.validators`` installed."""
+    from opgate.ops import _extension
+
+    calls = _recorded(monkeypatch)
+    _fake_module(monkeypatch, "opgate.ops.silu_mul.cuda_impl", OPS_DIR / "silu_mul" / "cuda_impl.py")
+    assert _extension.load_for_spec("opgate.ops.silu_mul.cuda_impl") == "built"
+    assert calls[0][0] == "opgate_silu_mul_cuda"
+
+
+def test_without_the_harness_a_cuda_op_says_how_it_is_built() -> None:
+    """Imported outside opgate (no builder installed), the op refuses saying why, before any build."""
+    code = (
+        "import sys\n"
+        "from opgate.ops import _extension\n"
+        "assert 'opgate.validators' not in sys.modules\n"
+        "try:\n"
+        "    _extension.load_for_spec('opgate.ops.rms_norm.cuda_impl')\n"
+        "except _extension.CudaBuildUnsupported as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert "refused: no opgate builder is installed" in out.stdout

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from opgate.matrix.cell import Cell
+from opgate.matrix.spec import load_specs
 from opgate.ops.base import SampleInput
-from opgate.ops.spec import load_specs
 from opgate.validators.checks import run_cell
 from opgate.validators.result import Verdict, combine
 

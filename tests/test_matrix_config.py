@@ -9,7 +9,7 @@ import pytest
 from opgate.matrix.config import DEFAULT_CONFIG, MatrixConfig, load_config
 from opgate.matrix.errors import ConfigError, ConfigErrors
 from opgate.matrix.expand import expand
-from opgate.ops.spec import OpSpec, load_spec
+from opgate.matrix.spec import OpSpec, load_spec
 
 DATA = Path(__file__).parent / "data" / "config"
 OPS = DATA / "ops"

@@ -15,7 +15,7 @@ from opgate.matrix.cell import Cell
 from opgate.matrix.config import MatrixConfig, load_config
 from opgate.matrix.errors import ConfigError, SelectionEmpty
 from opgate.matrix.expand import expand
-from opgate.ops.spec import OpSpec, load_spec
+from opgate.matrix.spec import OpSpec, load_spec
 
 DATA = Path(__file__).parent / "data" / "config"
 OPS = DATA / "ops"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from opgate.matrix.cell import Cell
-from opgate.ops.spec import load_specs, resolve
+from opgate.matrix.spec import load_specs, resolve
 from opgate.validators.checks import perf
 from opgate.validators.checks.artifacts import Artifact
 from opgate.validators.checks.base import run_check

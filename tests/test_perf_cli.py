@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from opgate.ops.spec import load_specs
+from opgate.matrix.spec import load_specs
 from opgate.validators.perf.__main__ import main
 from opgate.validators.perf.bench import BENCH_SHAPES_2D, Case, plan
 from opgate.validators.perf.study import Session, StudyConfig, evaluate, meets_bar

@@ -1,11 +1,11 @@
-"""Cost expressions (ops.cost): arithmetic only, symbols bound by rank or by the spec."""
+"""Cost expressions (matrix.cost): arithmetic only, symbols bound by rank or by the spec."""
 
 from __future__ import annotations
 
 import pytest
 
-from opgate.ops.cost import CostError, evaluate, shape_cost, symbols_for
-from opgate.ops.spec import load_specs
+from opgate.matrix.cost import CostError, evaluate, shape_cost, symbols_for
+from opgate.matrix.spec import load_specs
 
 
 def test_rms_norm_bytes_and_flops_from_its_spec():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from opgate.ops.spec import load_specs
+from opgate.matrix.spec import load_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ props = types.SimpleNamespace(name="Fake GPU", major=9, minor=0, multi_processor
                               L2_cache_size=1 << 20, uuid="fake-uuid")
 torch.cuda.get_device_properties = lambda *a, **k: props
 
-from opgate.ops.spec import load_specs
+from opgate.matrix.spec import load_specs
 from opgate.validators.perf import bench, block_run, ceilings, study, timing
 from opgate.validators.perf.block import BlockConfig
 

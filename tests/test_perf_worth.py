@@ -147,7 +147,7 @@ def test_rule_edges() -> None:
 
 def test_replay_check_compares_with_the_python_path_and_the_reference_and_catches_a_wrong_op() -> None:
     """opgate perf replay's per-case check on CPU (replay off here: Python vs Python, and the reference)."""
-    from opgate.ops.spec import load_specs
+    from opgate.matrix.spec import load_specs
     from opgate.validators.perf.replay_check import check_op
 
     spec = load_specs()["rms_norm"]

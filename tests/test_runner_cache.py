@@ -23,7 +23,7 @@ FIXTURES = Path(__file__).parent / "fixtures_runner"
 
 def Spec(path: Path) -> Any:
     """The real spec (its references decide which files the cache key covers)."""
-    from opgate.ops.spec import load_spec
+    from opgate.matrix.spec import load_spec
 
     return load_spec(path, path.parent.parent)
 
@@ -137,7 +137,7 @@ def test_explicit_seed_bypasses_the_cache(tmp_path: Path) -> None:
 
 def test_op_digest_follows_the_imports_of_the_specs_references() -> None:
     """Shared helpers and imported sibling ops count; unrelated ops and unimported scripts do not."""
-    from opgate.ops.spec import load_specs
+    from opgate.matrix.spec import load_specs
     from opgate.validators.cache import op_source_files
 
     specs = load_specs()

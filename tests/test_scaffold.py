@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from opgate.matrix import scaffold
-from opgate.ops.spec import load_specs
+from opgate.matrix.spec import load_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from opgate.matrix.errors import ConfigError, ConfigErrors, UsageError
-from opgate.ops.spec import OPS_DIR, Evidence, Mutates, Tolerance, discover, load_spec, load_specs, resolve
+from opgate.matrix.spec import OPS_DIR, Evidence, Mutates, Tolerance, discover, load_spec, load_specs, resolve
 
 DATA = Path(__file__).parent / "data" / "config"
 OPS = DATA / "ops"
@@ -19,7 +19,7 @@ TOY = OPS / "toy" / "spec.yaml"
 
 def test_repository_specs_load_without_torch() -> None:
     code = (
-        "import sys; from opgate.ops.spec import load_specs; s = load_specs(); "
+        "import sys; from opgate.matrix.spec import load_specs; s = load_specs(); "
         "assert 'rms_norm' in s, sorted(s); "
         "assert not any(m.split('.')[0] in ('torch', 'triton') for m in sys.modules), 'torch imported'"
     )

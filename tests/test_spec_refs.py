@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from opgate.matrix.errors import ConfigError, ConfigErrors
-from opgate.ops.spec import load_specs
-from opgate.ops.spec_refs import check_reference, import_root
+from opgate.matrix.spec import load_specs
+from opgate.matrix.spec_refs import check_reference, import_root
 
 SPEC = """\
 spec_version: 1

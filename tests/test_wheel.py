@@ -152,7 +152,7 @@ def test_installed_opgate_validates_a_new_op_in_a_package_named_ops(wheel: Path,
     assert _snapshot(site) == before, sorted(_snapshot(site) - before)
     assert any((tmp_path / "cache" / "opgate" / "verdicts").rglob("*.json"))
     probe = (
-        "import json; from pathlib import Path; from opgate.ops.spec import load_specs; "
+        "import json; from pathlib import Path; from opgate.matrix.spec import load_specs; "
         "from opgate.validators.cache import op_source_files; "
         "print(json.dumps([str(f) for f in op_source_files(load_specs([Path('ops')])['my_op'])]))"
     )

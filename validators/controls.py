@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 from opgate.matrix.cell import Cell
 from opgate.matrix.modes import MODES
-from opgate.ops.spec_schema import CONTROL_IMPL
+from opgate.matrix.spec_schema import CONTROL_IMPL
 from opgate.validators.result import CellResult, CheckResult, Verdict
 
 if TYPE_CHECKING:
-    from opgate.ops.spec import ImplSpec, OpSpec
+    from opgate.matrix.spec import ImplSpec, OpSpec
 
 __all__ = ["CONTROL_IMPL", "control_impl", "control_of", "failure_kind", "is_control", "link"]
 
@@ -65,7 +65,7 @@ def control_of(cell: Cell) -> Cell | None:
 
 def control_impl(spec: OpSpec) -> ImplSpec:
     """The implementation a control runs: the op's reference, with no kernel evidence to look for."""
-    from opgate.ops.spec import ImplSpec
+    from opgate.matrix.spec import ImplSpec
 
     return ImplSpec(
         name=CONTROL_IMPL,

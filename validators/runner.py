@@ -193,7 +193,7 @@ class Runner:
         """Cells and specs (once), --changed-since, the GPU list, the plan, the cache and history."""
         from opgate.matrix import expand_torches, narrow
         from opgate.matrix.config import load_config
-        from opgate.ops.spec import load_specs
+        from opgate.matrix.spec import load_specs
 
         opts = self.options
         self._specs = dict(load_specs(self.ops_paths))

@@ -262,7 +262,7 @@ def preload(ops_paths: Sequence[Path], kind: str = "cpu") -> tuple[Mapping[str, 
             with contextlib.suppress(ImportError):
                 checks_for(mode)
 
-    from opgate.ops.spec import load_specs
+    from opgate.matrix.spec import load_specs
     from opgate.validators.checks import run_cell
 
     return load_specs(list(ops_paths)), run_cell

@@ -1,6 +1,6 @@
 // Torch-free description of a strided tensor viewed as (rows, n), shared by the
 // torch glue (.cpp, host compiler) and the kernels (.cu, nvcc).  Shared by every
-// opgate CUDA op: ops/_cuda is on the include path of each build (ops/_cuda_build.py),
+// opgate CUDA op: ops/_cuda is on the include path of each build (validators/cuda_build.py),
 // and its files are part of every build's cache key.
 #pragma once
 

@@ -19,7 +19,8 @@ The Python registration (custom_op or triton_op) stays the op's definition:
 it still serves CPU tensors (the Triton interpreter), fake tensors, tracing and
 export; the kernels launched are the ones Triton's JIT compiled.  Nothing is
 attached where replay cannot help or cannot build: no CUDA device, a CPU-only
-torch, no nvcc, or ``OPGATE_REPLAY=0``; :func:`status` says which.
+torch, no nvcc, no opgate builder (the library is built by the harness,
+:mod:`opgate.ops._extension`), or ``OPGATE_REPLAY=0``; :func:`status` says which.
 """
 
 from __future__ import annotations
@@ -122,13 +123,10 @@ def library(*, build: bool = True, wait: bool = True) -> ctypes.PyDLL | None:
 
 
 def _cached() -> bool:
-    from opgate.ops._cuda_build import CudaBuildUnsupported, cached_library, default_toolchain
+    from opgate.ops._extension import CudaBuildUnsupported, builder
 
     try:
-        return (
-            cached_library(LIBRARY_NAME, [SOURCE], ARCHES, False, default_toolchain(install=False))
-            is not None
-        )
+        return builder().cached_library(LIBRARY_NAME, [SOURCE], ARCHES, False) is not None
     except CudaBuildUnsupported:
         return True  # nothing to wait for: _load reports why
 
@@ -136,9 +134,9 @@ def _cached() -> bool:
 def _load() -> None:
     """Build (cached) and load; record why not on failure.  Called with ``_LOCK`` held."""
     try:
-        from opgate.ops._cuda_build import load_library
+        from opgate.ops._extension import builder
 
-        built = load_library(LIBRARY_NAME, [SOURCE], ARCHES, install=False)
+        built = builder().load_library(LIBRARY_NAME, [SOURCE], ARCHES, install=False)
         lib = ctypes.PyDLL(str(built.library))
         _declare(lib)
         if lib.opgate_replay_abi() != ABI:

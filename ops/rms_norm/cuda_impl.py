@@ -1,11 +1,12 @@
 """opgate_cuda::rms_norm — the CUDA C++ RMSNorm, registered for torch.compile and autograd.
 
 The C++ extension (ops/rms_norm/cuda/) defines the schema and the CUDA kernel
-on the ``CUDA`` dispatch key.  This module builds it (cached, see
-:mod:`ops._cuda_build`), loads it, and adds what C++ leaves out: a fake
-(meta) kernel so compile/export can trace shapes without running it, and an
-autograd formula that calls ``opgate_cuda::rms_norm_backward``.  Importing it
-on a CPU-only torch raises :class:`ops._cuda_build.CudaBuildUnsupported`.
+on the ``CUDA`` dispatch key.  This module has opgate's build
+(:mod:`opgate.ops._extension`) build it from the spec (cached) and load it,
+and adds what C++ leaves out: a fake (meta) kernel so compile/export can trace
+shapes without running it, and an autograd formula that calls
+``opgate_cuda::rms_norm_backward``.  Importing it on a CPU-only torch, or
+outside opgate, raises :class:`opgate.ops._extension.CudaBuildUnsupported`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from opgate.ops._cuda_build import load_for_spec
+from opgate.ops._extension import load_for_spec
 
 #: sources and arch list come from the ``cuda`` implementation in spec.yaml (the one declaration)
 BUILT = load_for_spec(__name__)

@@ -1,9 +1,10 @@
 """opgate_cuda::silu_mul — the CUDA C++ SwiGLU gate, registered for torch.compile and autograd.
 
 The C++ extension (ops/silu_mul/cuda/) defines the schema and the CUDA kernel;
-this module builds it (cached, :mod:`ops._cuda_build`), loads it, and registers
-the fake kernels and the autograd formula (``opgate_cuda::silu_mul_backward``).
-Importing it on a CPU-only torch raises :class:`ops._cuda_build.CudaBuildUnsupported`.
+this module has opgate's build (:mod:`opgate.ops._extension`) build it from
+the spec (cached) and load it, and registers the fake kernels and the autograd
+formula (``opgate_cuda::silu_mul_backward``).  Importing it on a CPU-only torch,
+or outside opgate, raises :class:`opgate.ops._extension.CudaBuildUnsupported`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from opgate.ops._cuda_build import load_for_spec
+from opgate.ops._extension import load_for_spec
 
 #: sources and arch list come from the ``cuda`` implementation in spec.yaml (the one declaration)
 BUILT = load_for_spec(__name__)

@@ -15,7 +15,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if TYPE_CHECKING:
     from opgate.matrix.cell import Cell
-    from opgate.ops.spec import OpSpec
+    from opgate.matrix.spec import OpSpec
     from opgate.validators.checks import CellOutcome
     from opgate.validators.result import Verdict
 
@@ -24,7 +24,7 @@ ZOO = Path(__file__).resolve().parent
 
 @functools.cache
 def specs() -> dict[str, OpSpec]:
-    from opgate.ops.spec import load_specs
+    from opgate.matrix.spec import load_specs
 
     return load_specs([ZOO])
 

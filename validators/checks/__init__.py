@@ -42,7 +42,7 @@ from opgate.validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
     from opgate.matrix.cell import Cell
-    from opgate.ops.spec import OpSpec
+    from opgate.matrix.spec import OpSpec
 
 
 @dataclass

@@ -33,7 +33,7 @@ from opgate.validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
     from opgate.matrix.cell import Cell
-    from opgate.ops.spec import ImplSpec, OpSpec
+    from opgate.matrix.spec import ImplSpec, OpSpec
 
 CHECK = "build"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def _expected_kernels(impl: ImplSpec) -> tuple[str, ...]:
 def _cuda_cell(cell: Cell, spec: OpSpec, impl: ImplSpec, sass: list[str], start: float) -> CellOutcome:
     import torch
 
-    from opgate.ops import _cuda_build as cb
+    from opgate.validators import cuda_build as cb
     from opgate.validators.binaries import kernels_by_arch, list_arches
     from opgate.validators.toolchain import ToolchainUnavailable, ensure_nvcc
 

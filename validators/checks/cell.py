@@ -31,7 +31,7 @@ from opgate.validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
     from opgate.matrix.cell import Cell
-    from opgate.ops.spec import ImplSpec, OpSpec
+    from opgate.matrix.spec import ImplSpec, OpSpec
     from opgate.validators.checks import CellOutcome
     from opgate.validators.checks.base import Check
     from opgate.validators.checks.context import CellContext
@@ -147,7 +147,7 @@ def unchecked_evidence(results: list[CheckResult], device: str, mode: str) -> Ch
     """An ``error`` for a GPU cell that would pass although its kernel evidence was not checked.
 
     Specs are refused when a GPU cell could run without a cuda ``expect`` rule
-    (``ops/spec.py``), so this fires only where evidence was switched off or
+    (``matrix/spec.py``), so this fires only where evidence was switched off or
     skipped for another reason: the kernel names are the point of a GPU cell.
     """
     from opgate.validators.result import combine

@@ -32,7 +32,7 @@ from opgate.validators.tolerance import Rule
 
 if TYPE_CHECKING:
     from opgate.matrix.cell import Cell
-    from opgate.ops.spec import ImplSpec, OpSpec
+    from opgate.matrix.spec import ImplSpec, OpSpec
     from opgate.validators.checks.artifacts import Artifact
 
 #: Odd multiplier that spreads (seed, stream) pairs over the generator's 63-bit seed space.
@@ -154,7 +154,7 @@ def _tolerance(cell: Cell, impl: ImplSpec) -> Rule:
 
 def build_context(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellContext:
     """Import the implementation and resolve the spec's callables for one cell."""
-    from opgate.ops.spec import resolve
+    from opgate.matrix.spec import resolve
     from opgate.validators.controls import CONTROL_IMPL, control_impl
 
     if cell.impl == CONTROL_IMPL:

@@ -36,7 +36,7 @@ from opgate.validators.result import Verdict
 
 if TYPE_CHECKING:
     from opgate.matrix.cell import Cell
-    from opgate.ops.spec import ImplSpec, OpSpec
+    from opgate.matrix.spec import ImplSpec, OpSpec
 
 CHILD_TIMEOUT_S = 600
 

@@ -90,7 +90,7 @@ def _callables(ctx: CellContext) -> tuple[Any, Any, str]:
     """
     import torch
 
-    from opgate.ops.spec import resolve
+    from opgate.matrix.spec import resolve
     from opgate.validators.checks.artifacts import Artifact, Compiled
 
     op: Artifact
@@ -238,7 +238,7 @@ def _worth_it(ctx: CellContext) -> dict[str, Any]:
 def _time_shapes(ctx: CellContext, ceilings: Mapping[str, float]) -> tuple[list[dict[str, Any]], list[str]]:
     import torch
 
-    from opgate.ops.cost import CostError, shape_cost
+    from opgate.matrix.cost import CostError, shape_cost
 
     op, baseline, base_name = _callables(ctx)
     itemsize = torch.empty((), dtype=ctx.dtype).element_size()

@@ -11,7 +11,7 @@ in the cell and lists every kernel without SASS for it.
 * ``fail``: some kernel has neither SASS nor usable PTX for this device.
 
 Applies to GPU cells of ``kind: cuda`` implementations whose module exposes the
-loaded build as ``BUILT`` (see :func:`ops._cuda_build.load_library`), and of
+loaded build as ``BUILT`` (see :func:`opgate.validators.cuda_build.load_library`), and of
 external implementations whose spec names ``binaries.files`` / ``loaded``:
 there the binaries are the declared files this process has *mapped*
 (``/proc/self/maps``, :func:`validators.binsource.loaded_binaries`), recorded

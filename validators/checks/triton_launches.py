@@ -119,8 +119,8 @@ def main(request_json: str) -> dict[str, Any]:
     req = json.loads(request_json)
     import torch
 
+    from opgate.matrix.spec import resolve
     from opgate.ops.base import DTYPES
-    from opgate.ops.spec import resolve
 
     root = Path(req["root"]) if req.get("root") else None
     entry = resolve(req["entry"], root)

@@ -9,7 +9,7 @@ Modules:
 * :mod:`~validators.perf.block`     a decoder block with opgate's ops vs stock PyTorch
 * :mod:`~validators.perf.bench`     the opgate-wide benchmark table against peers
 
-Bytes and FLOPs come from the spec's ``cost`` through :mod:`opgate.ops.cost`.
+Bytes and FLOPs come from the spec's ``cost`` through :mod:`opgate.matrix.cost`.
 The per-cell check is :mod:`validators.checks.perf`; the command line is
 ``opgate perf {bench,study,block}``.
 """

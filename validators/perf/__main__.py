@@ -102,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "bench":
-        from opgate.ops.spec import load_specs
+        from opgate.matrix.spec import load_specs
         from opgate.validators.perf.bench import plan, run_bench
 
         try:

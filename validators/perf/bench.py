@@ -34,7 +34,7 @@ from opgate.validators.perf.report import BENCH_FORMAT
 from opgate.validators.perf.timing import TimingConfig
 
 if TYPE_CHECKING:
-    from opgate.ops.spec import OpSpec
+    from opgate.matrix.spec import OpSpec
 
 FORMAT = BENCH_FORMAT
 METHOD = (
@@ -233,8 +233,8 @@ def time_case(
     """
     import torch
 
+    from opgate.matrix.cost import CostError, shape_cost
     from opgate.ops.base import DTYPES
-    from opgate.ops.cost import CostError, shape_cost
     from opgate.validators.perf.timing import time_interleaved
 
     fns, errors = {}, {}
@@ -286,8 +286,8 @@ def samples_for(
     """The spec's sample inputs for one shape, as many copies as :func:`rotation_count` asks for."""
     import torch
 
+    from opgate.matrix.spec import resolve
     from opgate.ops.base import DTYPES
-    from opgate.ops.spec import resolve
     from opgate.validators.perf.timing import rotation_count
 
     sample_fn = resolve(spec.samples, spec.root)
@@ -315,7 +315,7 @@ def run_bench(
     """
     import torch
 
-    from opgate.ops.spec import load_specs
+    from opgate.matrix.spec import load_specs
     from opgate.validators.perf import ceilings
     from opgate.validators.perf.peers import ROLE_PEER, peers_for
     from opgate.validators.perf.report import require_cuda, run_info

@@ -100,7 +100,7 @@ def opgate_ops(impl: str = "triton") -> Ops:
     """opgate's ops, from the specs' ``impl`` entries (module paths ``ops.<op>.triton_impl`` if no spec)."""
     import importlib
 
-    from opgate.ops.spec import load_specs, resolve
+    from opgate.matrix.spec import load_specs, resolve
 
     try:
         specs = load_specs()

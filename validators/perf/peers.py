@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from opgate.ops.spec import OpSpec
+    from opgate.matrix.spec import OpSpec
 
 OPGATE_PREFIX = "opgate-"
 ROLE_OPGATE, ROLE_VARIANT, ROLE_PEER = "opgate", "variant", "peer"
@@ -108,7 +108,7 @@ def liger_peer(op: str) -> Callable[..., Any] | None:
 
 def _first_party(spec: OpSpec) -> tuple[list[Peer], dict[str, str]]:
     """opgate's implementations of ``spec`` and their compiled variants, or why each cannot load."""
-    from opgate.ops.spec import resolve
+    from opgate.matrix.spec import resolve
 
     found: list[Peer] = []
     missing: dict[str, str] = {}
@@ -130,7 +130,7 @@ def _first_party(spec: OpSpec) -> tuple[list[Peer], dict[str, str]]:
 
 def peers_for(spec: OpSpec) -> tuple[list[Peer], dict[str, str]]:
     """Every peer of ``spec``'s op, in column order, and ``{name: why}`` for those left out."""
-    from opgate.ops.spec import resolve
+    from opgate.matrix.spec import resolve
 
     peers, missing = _first_party(spec)
     if spec.op in ATEN:

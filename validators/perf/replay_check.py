@@ -91,9 +91,9 @@ def check_op(
     """
     import torch
 
+    from opgate.matrix.spec import resolve
     from opgate.ops import _replay as replay
     from opgate.ops.base import DTYPES as TORCH_DTYPES
-    from opgate.ops.spec import resolve
     from opgate.validators.layouts import LayoutError, apply_layout
 
     sample_fn, reference = resolve(spec.samples, spec.root), resolve(spec.reference, spec.root)
@@ -138,8 +138,8 @@ def host_table(spec: Any, shape: tuple[int, ...] = (8, 4096)) -> list[dict[str, 
     """Host us per call for opgate (replayed / bypassed), aten, CUDA C++ and Liger, forward and fwd+bwd."""
     import torch
 
+    from opgate.matrix.spec import resolve
     from opgate.ops import _replay as replay
-    from opgate.ops.spec import resolve
     from opgate.validators.perf.peers import ROLE_VARIANT, peers_for
 
     sample_fn = resolve(spec.samples, spec.root)
@@ -199,8 +199,8 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_replay_check(out: Path, ops: Sequence[str] = ()) -> dict[str, Any]:
+    from opgate.matrix.spec import load_specs, resolve
     from opgate.ops import _replay as replay
-    from opgate.ops.spec import load_specs, resolve
     from opgate.validators.perf.report import require_cuda, run_info
 
     require_cuda("opgate perf replay")

@@ -130,7 +130,7 @@ def _fns(config: StudyConfig) -> tuple[Any, Any, Any, dict[str, str]]:
     """(op, reference, sample_fn, cost) of the configured op/implementation, via its spec."""
     import importlib
 
-    from opgate.ops.spec import load_specs, resolve
+    from opgate.matrix.spec import load_specs, resolve
 
     specs = load_specs()
     if config.op not in specs:
@@ -173,8 +173,8 @@ def _session(fn: Any, ref: Any, s: Any, device: str) -> dict[str, Any]:
 def _measure_shape(config: StudyConfig, shape: tuple[int, ...], fns: tuple[Any, ...]) -> dict[str, Any]:
     import torch
 
+    from opgate.matrix.cost import shape_cost
     from opgate.ops.base import DTYPES
-    from opgate.ops.cost import shape_cost
     from opgate.validators.perf.planted import Planted, extra_elements
     from opgate.validators.perf.timing import gpu_selector, read_clocks
 

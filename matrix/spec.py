@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opgate.matrix import cost
 from opgate.matrix.errors import ConfigError, ConfigErrors, Location, UsageError
 from opgate.matrix.files import MAX_YAML_BYTES, read_bytes
 from opgate.matrix.schema import (
@@ -26,11 +27,9 @@ from opgate.matrix.schema import (
     valid,
     validate,
 )
-from opgate.matrix.yamlload import YMap, YNode, load_yaml
-from opgate.ops import cost
-from opgate.ops.spec_evidence import evidence_checks
-from opgate.ops.spec_refs import import_root, reference_problems
-from opgate.ops.spec_schema import (
+from opgate.matrix.spec_evidence import evidence_checks
+from opgate.matrix.spec_refs import import_root, reference_problems
+from opgate.matrix.spec_schema import (
     CONTROL_IMPL,
     DEVICE_KINDS,
     OPS_DIR,
@@ -38,6 +37,7 @@ from opgate.ops.spec_schema import (
     REF_PATTERN,
     SPEC_SCHEMA,
 )
+from opgate.matrix.yamlload import YMap, YNode, load_yaml
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,7 @@ def _binaries_checks(name: str, raw: dict[str, Any], line: Any, problems: Proble
 
 
 def _cost_checks(data: dict[str, Any], tree: YMap, problems: Problems) -> None:
-    """Every cost expression evaluates on every declared shape (:func:`opgate.ops.cost.problems`)."""
+    """Every cost expression evaluates on every declared shape (:func:`opgate.matrix.cost.problems`)."""
     raw_cost, shapes, node = data.get("cost"), data.get("shapes"), tree.get("cost")
     if not (isinstance(raw_cost, dict) and valid(raw_cost) and isinstance(shapes, dict) and valid(shapes)):
         return
@@ -352,7 +352,7 @@ def discover(extra_paths: Sequence[Path] = ()) -> list[tuple[Path, Path | None]]
     folder is never put on ``sys.path``, so a user package named ``ops`` (or
     ``matrix``...) is never shadowed by opgate's.  An ``--ops-path`` DIR is its
     specs' import root, or the folder above it when DIR is a package
-    (:func:`ops.spec_refs.import_root`).
+    (:func:`matrix.spec_refs.import_root`).
     """
     found: list[tuple[Path, Path | None]] = [(p, None) for p in sorted(OPS_DIR.glob("*/spec.yaml"))]
     for raw_dir in extra_paths:

@@ -12,6 +12,11 @@ The build runs in a child interpreter: cpp_extension reads ``CUDA_HOME`` and
 ``TORCH_CUDA_ARCH_LIST`` from the environment and loads what it built, and a
 build-only cell must not register ops in the worker (nor inherit another
 cell's toolkit).  :func:`load_library` loads a built library into this process.
+
+The payload (``ops/``) imports none of the stages: importing
+``opgate.validators`` hands this module to :mod:`opgate.ops._extension`
+(:func:`install`), through which the CUDA ops and the launch replay ask for
+their libraries.
 """
 
 from __future__ import annotations
@@ -29,10 +34,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from opgate import ops
+from opgate.ops import _extension
+from opgate.ops._extension import CudaBuildUnsupported
 from opgate.validators.toolchain import Toolchain, ensure_nvcc, find_toolchain, nvcc_release
 
 #: Headers shared by every opgate CUDA op (on the include path of each build).
-SHARED_INCLUDE = Path(__file__).resolve().parent / "_cuda"
+SHARED_INCLUDE = Path(ops.__file__).resolve().parent / "_cuda"
 #: Files hashed into the build key: everything a source may #include from its folder.
 SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp")
 #: Flags are part of the key too: changing them must rebuild.
@@ -41,8 +49,7 @@ EXTRA_CUDA_CFLAGS = ("-O3",)
 MARKER = "opgate-build.json"
 
 
-class CudaBuildUnsupported(Exception):
-    """This torch cannot build or load a CUDA extension with this nvcc (an ``unsupported`` verdict)."""
+__all__ = ["CudaBuildUnsupported", "install"]
 
 
 class CudaBuildError(Exception):
@@ -197,7 +204,7 @@ def build(
             "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)),
         }
         request = {"name": name, "sources": [str(s) for s in sources], "build_dir": str(build_dir)}
-        cmd = [sys.executable, "-m", "opgate.ops._cuda_build", json.dumps(request)]
+        cmd = [sys.executable, "-m", "opgate.validators.cuda_build", json.dumps(request)]
         try:
             proc = subprocess.run(
                 cmd, env=env, cwd=build_dir, capture_output=True, text=True, timeout=timeout_s, check=False
@@ -281,7 +288,7 @@ def load_for_spec(module_name: str) -> BuiltExtension:
     implementation that names this module, so the binary the runtime loads is
     the one the build cells inspect.
     """
-    from opgate.ops.spec import load_spec
+    from opgate.matrix.spec import load_spec
 
     module_file = getattr(sys.modules.get(module_name), "__file__", None)
     if module_file is None:
@@ -295,6 +302,34 @@ def load_for_spec(module_name: str) -> BuiltExtension:
     sass = list(impl.arch_policy.get("sass") or [])
     ptx = bool(impl.arch_policy.get("ptx", False))
     return load_library(library_name(spec.op, impl.name), impl.sources, sass, ptx)
+
+
+class _Builder:
+    """This module as the payload's :class:`opgate.ops._extension.Builder`."""
+
+    def load_for_spec(self, module_name: str) -> BuiltExtension:
+        return load_for_spec(module_name)
+
+    def load_library(
+        self,
+        name: str,
+        sources: Sequence[Path],
+        sass: Sequence[str],
+        ptx: bool = False,
+        *,
+        install: bool = True,
+    ) -> BuiltExtension:
+        return load_library(name, sources, sass, ptx, install=install)
+
+    def cached_library(
+        self, name: str, sources: Sequence[Path], sass: Sequence[str], ptx: bool
+    ) -> Path | None:
+        return cached_library(name, sources, sass, ptx, default_toolchain(install=False))
+
+
+def install() -> None:
+    """Hand this builder to the payload (``opgate.validators`` does it on import)."""
+    _extension.install(_Builder())
 
 
 def _child(request_json: str) -> int:

@@ -1,6 +1,6 @@
 """The op spec schema (``ops/SPEC.md``) as data: what keys exist, their types and ranges.
 
-Kept apart from :mod:`ops.spec` (discovery, cross-key checks, the typed view)
+Kept apart from :mod:`matrix.spec` (discovery, cross-key checks, the typed view)
 so each reads in one sitting.  Validated with the matrix config's schema
 machinery, so a mistake is reported as ``file:line`` with a "did you mean".
 """
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from opgate import ops
+from opgate.matrix import cost
 from opgate.matrix.cell import ARCHES, DTYPES, IMPLS, LAYOUTS, MODES
 from opgate.matrix.schema import Bool, Enum, Field, Float, Glob, Int, ListOf, MapOf, Record, Str
-from opgate.ops import cost
 
 SPEC_VERSION = 1
 #: opgate's own op specs (``opgate.ops.*``, importable wherever opgate is installed).
-OPS_DIR = Path(__file__).resolve().parent
+OPS_DIR = Path(ops.__file__).resolve().parent
 OP_CATEGORIES = ("norm", "activation", "attention", "position", "gemm", "other")
 DEVICE_KINDS = ("cpu", "cuda")
 NAME_PATTERN = r"[a-z][a-z0-9_]*"

@@ -1,6 +1,6 @@
 """Cross-key checks of an implementation's ``evidence``: every GPU cell must have a kernel name to check.
 
-Kept apart from :mod:`ops.spec` (discovery, the typed view) so each reads in
+Kept apart from :mod:`matrix.spec` (discovery, the typed view) so each reads in
 one sitting.  Why refuse rather than run: a GPU cell whose kernel names were
 never checked would pass on numbers alone, the silent fallback opgate exists
 to catch; the spec author is told before any work, with ``file:line`` and the
@@ -15,7 +15,7 @@ from typing import Any
 from opgate.matrix.cell import ARCHES, Cell
 from opgate.matrix.errors import Location
 from opgate.matrix.schema import Problems, valid
-from opgate.ops.spec_schema import DEVICE_KINDS
+from opgate.matrix.spec_schema import DEVICE_KINDS
 
 
 def evidence_checks(

@@ -1,6 +1,6 @@
 """Bytes and FLOPs of one shape, from the spec's ``cost`` expressions: the one parser and evaluator.
 
-Spec validation (:mod:`opgate.ops.spec`, at load time, before any work), the
+Spec validation (:mod:`opgate.matrix.spec`, at load time, before any work), the
 perf check, ``opgate perf bench`` and ``opgate inventory`` all go through this
 module, so an expression the schema accepts is one perf can evaluate: there is
 no second grammar to drift (``M ^ 2`` is refused at load, with file:line, not
