@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+# the harness hands its CUDA build to the payload (opgate.ops._extension): tests that import a
+# first-party op directly get the build a run would use
+import opgate.validators  # noqa: F401
+
 
 @pytest.fixture(autouse=True)
 def _private_verdict_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
