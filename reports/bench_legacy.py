@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from opgate.matrix.errors import OpgateError, ResultsFormatError
-from opgate.reports.bench_table import FORMAT
+from opgate.validators.perf.report import BENCH_FORMAT as FORMAT
 
 DIRECTIONS = {"fwd": "forward", "bwd": "backward"}
 

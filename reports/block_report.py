@@ -21,7 +21,7 @@ REQUIRED = ("config", "info", "parity_relerr", "blocks", "alone", "flags")
 
 
 def load(path: Path) -> dict[str, Any]:
-    data = read_json(path, what="decoder-block file", expect=dict)
+    data: dict[str, Any] = read_json(path, what="decoder-block file", expect=dict)
     if not all(k in data for k in REQUIRED):
         raise ResultsFormatError(f"{path}: not a decoder-block result (needs {', '.join(REQUIRED)})")
     return data

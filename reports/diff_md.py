@@ -29,8 +29,8 @@ _SECTIONS: tuple[tuple[str, str], ...] = (
 
 def _esc(text: Any) -> str:
     """One table-safe line; no raw HTML (a reason holding ``<!--`` would hide the rest of the comment)."""
-    text = " ".join(str(text).split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("|", "\\|")
+    line = " ".join(str(text).split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return line.replace("|", "\\|")
 
 
 def _cell(cell_id: str, dashboard_url: str) -> str:

@@ -113,6 +113,7 @@ def config_cases() -> Iterator[Case]:
 
         return build
 
+    doc: bytes | str
     for name, doc, line in yaml_traps(valid):
         yield Case(f"config/{name}", config(doc, line), (CONFIG,))
     for levels in range(1, 13):

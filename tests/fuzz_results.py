@@ -249,6 +249,15 @@ def _state_file(make: Callable[[Path], Path]) -> Callable[[Path], Call]:
     return build
 
 
+def _argv_call(argv: list[str]) -> Callable[[Path], Call]:
+    """A case that runs ``opgate ARGV`` as given (no files to write)."""
+
+    def build(root: Path) -> Call:
+        return Call(argv)
+
+    return build
+
+
 def argument_cases() -> Iterator[Case]:
     """Argument sets: each must end with its documented code, never a traceback."""
     cfg = ["--config", str(SMALL_CONFIG), "--ops-path", str(TOY_OPS)]
@@ -277,7 +286,7 @@ def argument_cases() -> Iterator[Case]:
         "perf-unknown": (["perf", "nope"], (USAGE,)),
     }
     for name, (argv, codes) in plain.items():
-        yield Case(f"args/{name}", lambda root, argv=argv: Call(argv), codes)
+        yield Case(f"args/{name}", _argv_call(argv), codes)
     yield from _alert_argument_cases()
     yield from _output_cases(cfg)
 

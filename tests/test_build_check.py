@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -77,7 +78,7 @@ print(json.dumps(rows))
         assert row["compile_s"] < 5.0
 
 
-def _with_impl(spec: OpSpec, name: str, **changes: object) -> OpSpec:
+def _with_impl(spec: OpSpec, name: str, **changes: Any) -> OpSpec:
     impl = dataclasses.replace(spec.implementations[name], **changes)
     return dataclasses.replace(spec, implementations={**spec.implementations, name: impl})
 

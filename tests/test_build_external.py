@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -72,7 +73,7 @@ def spec(site: Path, monkeypatch: pytest.MonkeyPatch) -> OpSpec:
     return dataclasses.replace(probe, implementations={"ext": impl})
 
 
-def _with(spec: OpSpec, **changes: object) -> OpSpec:
+def _with(spec: OpSpec, **changes: Any) -> OpSpec:
     impl = dataclasses.replace(spec.implementations["ext"], **changes)
     return dataclasses.replace(spec, implementations={"ext": impl})
 

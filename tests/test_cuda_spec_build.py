@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from opgate.matrix.spec import OPS_DIR, load_specs
+from opgate.matrix.spec import load_specs
+from opgate.matrix.spec_schema import OPS_DIR
 from opgate.validators import cuda_build as _cuda_build
 
 
@@ -31,7 +32,12 @@ def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, file: Path) -> None
 
 def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(_cuda_build, "load_library", lambda *args: calls.append(args) or "built")
+
+    def load_library(*args: Any) -> str:
+        calls.append(args)
+        return "built"
+
+    monkeypatch.setattr(_cuda_build, "load_library", load_library)
     return calls
 
 
@@ -42,7 +48,8 @@ def test_opgate_cuda_ops_build_their_specs_sources_and_arches(
     calls = _recorded(monkeypatch)
     module = f"opgate.ops.{op}.cuda_impl"
     _fake_module(monkeypatch, module, OPS_DIR / op / "cuda_impl.py")
-    assert _cuda_build.load_for_spec(module) == "built"
+    built: object = _cuda_build.load_for_spec(module)  # the recorded stand-in, not a BuiltExtension
+    assert built == "built"
     impl = load_specs()[op].implementations["cuda"]
     assert calls == [
         (f"opgate_{op}_cuda", impl.sources, impl.arch_policy["sass"], bool(impl.arch_policy.get("ptx")))

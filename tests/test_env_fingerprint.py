@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from opgate.validators import env
 from opgate.validators.device import Gpu
 from opgate.validators.workerproc import WorkerConfig
 
-H200_FP = {
+H200_FP: dict[str, Any] = {
     "torch": "2.11.0+cu130",
     "triton": "3.6.0",
     "python": "3.12.3",

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -47,7 +48,7 @@ def _values() -> torch.Tensor:
     return torch.cat([torch.randn(1000, generator=torch.Generator().manual_seed(0)), ties, edges])
 
 
-def test_stored_bfloat16_matches_torch_bit_for_bit(tmp_path) -> None:
+def test_stored_bfloat16_matches_torch_bit_for_bit(tmp_path: Path) -> None:
     path = tmp_path / "x.pt"
     torch.save(_values(), path)
     env = {**os.environ, "TRITON_INTERPRET": "1"}

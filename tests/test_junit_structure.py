@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from junitparser import Error, Failure, JUnitXml, Skipped
 
@@ -10,10 +11,17 @@ from opgate.matrix.cell import Cell
 from opgate.validators.junit import write_junit
 from opgate.validators.result import CellResult, CheckResult, RunResults, Verdict
 
-ENV = {"env_key": "pt2.13.0-cpu-triton3.8.0-py3.11", "torch": "2.13.0+cpu", "gpus": [], "gpu_name": None}
+ENV: dict[str, Any] = {
+    "env_key": "pt2.13.0-cpu-triton3.8.0-py3.11",
+    "torch": "2.13.0+cpu",
+    "gpus": [],
+    "gpu_name": None,
+}
 
 
-def result(op: str, dtype: str, verdict: Verdict, reason: str = "", checks: list | None = None) -> CellResult:
+def result(
+    op: str, dtype: str, verdict: Verdict, reason: str = "", checks: list[CheckResult] | None = None
+) -> CellResult:
     c = Cell(op, "triton", "2.13.0+cpu", "none", "cpu", dtype, "contiguous", "eager")
     return CellResult(
         c,

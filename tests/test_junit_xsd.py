@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lxml import etree
@@ -12,7 +13,12 @@ from opgate.validators.junit import build_junit, write_junit
 from opgate.validators.result import CellResult, CheckResult, RunResults, Verdict
 
 XSD = Path(__file__).parent / "data" / "junit" / "junit-10.xsd"
-ENV = {"env_key": "pt2.13.0-cpu-triton3.8.0-py3.11", "torch": "2.13.0+cpu", "gpus": [], "cuda": None}
+ENV: dict[str, Any] = {
+    "env_key": "pt2.13.0-cpu-triton3.8.0-py3.11",
+    "torch": "2.13.0+cpu",
+    "gpus": [],
+    "cuda": None,
+}
 
 
 def _run() -> RunResults:

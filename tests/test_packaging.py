@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -10,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("matrix", "validators", "ops", "reports")
 
 
-def _pyproject() -> dict:
+def _pyproject() -> dict[str, Any]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 
@@ -43,9 +44,10 @@ def _module_like_strings(path: Path) -> list[str]:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value
         elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
-            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            text = "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values)
         if text and pattern.match(text) and text.rsplit(".", 1)[-1] not in extensions:
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text!r}")
+            line = getattr(node, "lineno", "?")  # expressions have one; ast.walk yields every node
+            found.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
     return found
 
 

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,7 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def tiny() -> dict:
+def tiny() -> dict[str, Any]:
     env = {
         **os.environ,
         "TRITON_INTERPRET": "1",
@@ -59,10 +60,11 @@ def tiny() -> dict:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    record: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return record
 
 
-def test_block_parity_opgate_matches_stock_pytorch(tiny):
+def test_block_parity_opgate_matches_stock_pytorch(tiny: dict[str, Any]) -> None:
     bf16 = tiny["bf16"]
     # bf16 rounding of a few matmuls: both variants land near 1e-3..1e-2 of the float32 block
     assert 0 < bf16["torch"] < 2e-2
@@ -70,17 +72,17 @@ def test_block_parity_opgate_matches_stock_pytorch(tiny):
     assert tiny["fp32"]["opgate-triton"] < 1e-5
 
 
-def test_block_parity_catches_a_broken_op(tiny):
+def test_block_parity_catches_a_broken_op(tiny: dict[str, Any]) -> None:
     assert tiny["bf16"]["no-rope"] > 20 * tiny["bf16"]["torch"]
 
 
-def test_planted_extra_pass_reads_the_slice_it_is_given(tiny):
+def test_planted_extra_pass_reads_the_slice_it_is_given(tiny: dict[str, Any]) -> None:
     assert tiny["sink_len"] == 2  # 6000 elements in blocks of 4096
     assert tiny["sink_err"] < 1e-2
     assert tiny["planted_result_ok"]
 
 
-def test_extra_elements_sizes_the_slowdown():
+def test_extra_elements_sizes_the_slowdown() -> None:
     nbytes = 2 * 8192 * 8192 * 2 + 8192 * 2  # rms_norm bf16 8192x8192
     n = extra_elements(nbytes, 8192 * 8192, 2, 0.10)
     assert n * 2 == pytest.approx(0.10 * nbytes, abs=2)  # extra bytes = 10% of the op's bytes
@@ -91,17 +93,17 @@ def test_extra_elements_sizes_the_slowdown():
         extra_elements(nbytes, 8192 * 8192, 2, 0.0)
 
 
-def test_block_config_checks_heads():
+def test_block_config_checks_heads() -> None:
     with pytest.raises(ValueError, match="heads"):
         BlockConfig(hidden=100, heads=3)
     assert BlockConfig().head_dim == 128
 
 
-def _t(us: float) -> dict:
+def _t(us: float) -> dict[str, float]:
     return {"median_us": us}
 
 
-def test_faster_alone_slower_in_block_is_flagged():
+def test_faster_alone_slower_in_block_is_flagged() -> None:
     blocks = {"forward": {"opgate/eager": _t(110), "torch/eager": _t(100), "opgate/compile": _t(90),
                           "torch/compile": _t(95)}}  # fmt: skip
     alone = {

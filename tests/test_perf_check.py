@@ -36,7 +36,7 @@ def _ctx(
     )  # fmt: skip
 
 
-def test_cpu_cell_is_skipped_and_records_nothing(tmp_path):
+def test_cpu_cell_is_skipped_and_records_nothing(tmp_path: Path) -> None:
     for check in perf.CHECKS:
         result = run_check(check, _ctx(tmp_path))
         assert result.status is Verdict.SKIP
@@ -55,21 +55,23 @@ def test_cpu_cell_is_skipped_and_records_nothing(tmp_path):
         ("eager", "zero_size", "nothing to time"),
     ],
 )
-def test_gpu_cells_outside_the_timed_modes_are_skipped(tmp_path, mode, layout, reason):
+def test_gpu_cells_outside_the_timed_modes_are_skipped(
+    tmp_path: Path, mode: str, layout: str, reason: str
+) -> None:
     ctx = _ctx(tmp_path, device="cuda:0", mode=mode, layout=layout)
     assert reason in (perf.applies(ctx) or "")
     assert perf.applies(_ctx(tmp_path, device="cuda:0")) is None
     assert perf.applies(_ctx(tmp_path, device="cuda:0", mode="cudagraphs")) is None  # worth-it is timed there
 
 
-def test_failed_artifact_is_not_timed(tmp_path):
+def test_failed_artifact_is_not_timed(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path, device="cuda:0", mode="compile")
     ctx.artifact = Artifact(ctx.op)
     ctx.artifact.failure = "graph break"
     assert "graph break" in (perf.applies(ctx) or "")
 
 
-def test_shape_record_has_the_documented_format():
+def test_shape_record_has_the_documented_format() -> None:
     op = Timing("op", [10.0, 11.0, 12.0, 13.0, 100.0])
     base = Timing("baseline", [20.0, 22.0, 24.0])
     record = perf.shape_record(
@@ -95,7 +97,7 @@ def test_shape_record_has_the_documented_format():
     assert none["gbps"] is none["pct_copy"] is none["tflops"] is none["pct_gemm"] is None
 
 
-def test_summary_names_the_largest_shape():
+def test_summary_names_the_largest_shape() -> None:
     small = {"shape": [8, 4096], "bytes": 10.0, "median_us": 9.0, "gbps": 1.0, "pct_copy": 0.1,
              "baseline": {"name": "reference", "median_us": 18.0}}  # fmt: skip
     big = {"shape": [4096, 4096], "bytes": 1e8, "median_us": 40.0, "gbps": 2500.0, "pct_copy": 60.0,
@@ -103,7 +105,7 @@ def test_summary_names_the_largest_shape():
     assert perf.summarize([small, big]) == "4096x4096: 40.0 us, 2500 GB/s (60% of copy), 3.00x reference"
 
 
-def test_timing_runs_with_poisoning_off_and_restores_it():
+def test_timing_runs_with_poisoning_off_and_restores_it() -> None:
     from opgate.validators.checks.cell import poisoned_allocations
 
     with poisoned_allocations():
@@ -115,7 +117,7 @@ def test_timing_runs_with_poisoning_off_and_restores_it():
     assert dataclasses.is_dataclass(perf.CHECKS[0])
 
 
-def test_compile_cells_use_the_eager_reference_unless_overridden(tmp_path):
+def test_compile_cells_use_the_eager_reference_unless_overridden(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path, device="cuda:0", mode="compile")
     assert perf._callables(ctx)[2] == "reference"
     cell = dataclasses.replace(ctx.cell, overrides=(("perf_baseline", "compile"),))
@@ -135,7 +137,7 @@ class _HostEvent:
         return (end.t - self.t) * 1000.0
 
 
-def test_run_path_end_to_end_with_host_clock_events(tmp_path, monkeypatch):
+def test_run_path_end_to_end_with_host_clock_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU path of run() with CUDA stood in for: every shape timed, the record complete."""
     import types
 

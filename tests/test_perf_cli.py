@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from opgate.validators.perf.study import Session, StudyConfig, evaluate, meets_b
 from opgate.validators.perf.study import plan as study_plan
 
 
-def test_bench_plan_for_row_wise_ops():
+def test_bench_plan_for_row_wise_ops() -> None:
     cases = plan(load_specs(), ["rms_norm"])
     labels = [c.label for c in cases]
     assert len(cases) == 2 * (len(BENCH_SHAPES_2D) + 2)  # bf16 everywhere, fp16/fp32 at the largest
@@ -22,7 +23,7 @@ def test_bench_plan_for_row_wise_ops():
     assert cases[0] == Case("rms_norm", (8, 4096), "bf16", "forward")
 
 
-def test_bench_plan_uses_spec_shapes_for_other_ranks_and_honours_filters():
+def test_bench_plan_uses_spec_shapes_for_other_ranks_and_honours_filters() -> None:
     specs = load_specs()
     rope = plan(specs, ["rope"], directions=["forward"])
     assert {c.shape for c in rope} == {tuple(s) for s in specs["rope"].shapes["large"]}
@@ -32,7 +33,7 @@ def test_bench_plan_uses_spec_shapes_for_other_ranks_and_honours_filters():
     assert "matmul" not in {c.op for c in plan(specs)}  # library-backed: not a first-party op
 
 
-def test_bench_plan_rejects_unknown_ops_and_directions():
+def test_bench_plan_rejects_unknown_ops_and_directions() -> None:
     with pytest.raises(ValueError, match="not a first-party op: nope"):
         plan(load_specs(), ["nope"])
     with pytest.raises(ValueError, match="first-party"):
@@ -41,7 +42,7 @@ def test_bench_plan_rejects_unknown_ops_and_directions():
         plan(load_specs(), ["rms_norm"], directions=["sideways"])
 
 
-def test_dry_run_prints_the_plan(capsys, tmp_path):
+def test_dry_run_prints_the_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert (
         main(["bench", "--ops", "rms_norm", "--shape", "4096x4096", "--dry-run", "--out", str(tmp_path)]) == 0
     )
@@ -63,13 +64,17 @@ def test_dry_run_prints_the_plan(capsys, tmp_path):
         (["frobnicate"], "invalid choice"),
     ],
 )
-def test_bad_arguments_exit_2_with_a_message(capsys, argv, message):
+def test_bad_arguments_exit_2_with_a_message(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
     assert main(argv) == 2
     assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["bench", "study", "block"])
-def test_gpu_commands_stop_clearly_on_cpu(capsys, tmp_path, command):
+def test_gpu_commands_stop_clearly_on_cpu(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
     assert main([command, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "needs a CUDA device" in err
@@ -77,7 +82,7 @@ def test_gpu_commands_stop_clearly_on_cpu(capsys, tmp_path, command):
     assert not (tmp_path / "o").exists()
 
 
-def test_study_plan_seeds_history_then_alternates():
+def test_study_plan_seeds_history_then_alternates() -> None:
     order = study_plan(StudyConfig(runs=3, history_runs=2))
     assert order == [("history", 0), ("history", 1), ("aa", 0), ("planted", 0), ("aa", 1), ("planted", 1),
                      ("aa", 2), ("planted", 2)]  # fmt: skip
@@ -90,7 +95,7 @@ def _session(kind: str, index: int, rng: random.Random, level: float) -> Session
     return Session(kind, index, [drift * rng.lognormvariate(0, 0.02) for _ in range(55)])
 
 
-def test_study_evaluation_on_synthetic_sessions():
+def test_study_evaluation_on_synthetic_sessions() -> None:
     rng = random.Random(5)
     config = StudyConfig(runs=20, history_runs=3)
     sessions = [_session(k, i, rng, 77.0 if k == "planted" else 70.0) for k, i in study_plan(config)]
@@ -104,7 +109,7 @@ def test_study_evaluation_on_synthetic_sessions():
     assert all(v["ratio"] < 1.05 for v in result["verdicts"] if v["kind"] == "aa")
 
 
-def test_study_without_a_real_slowdown_fails_the_bar():
+def test_study_without_a_real_slowdown_fails_the_bar() -> None:
     rng = random.Random(6)
     config = StudyConfig(runs=20, history_runs=3)
     sessions = [_session(k, i, rng, 70.0) for k, i in study_plan(config)]  # "planted" = no change
@@ -115,7 +120,7 @@ def test_study_without_a_real_slowdown_fails_the_bar():
     assert not meets_bar({"aa_alerts": 2, "aa_runs": 20, "planted_caught": 20, "planted_runs": 20})
 
 
-def test_peers_are_defined_once_with_their_roles():
+def test_peers_are_defined_once_with_their_roles() -> None:
     """opgate's implementations (the CUDA C++ one included) and their compiled variants, then aten,
     compile(reference) and Liger: one list, roles in the data, the unavailable with a reason."""
     from opgate.validators.perf.peers import ROLES, peers_for

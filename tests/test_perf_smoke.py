@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ print(json.dumps({"study": s, "bench": b, "context": c, "block": k}))
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("perf")
     env = {
         **os.environ,
@@ -80,7 +81,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), out
 
 
-def test_study_path_writes_its_record(smoke):
+def test_study_path_writes_its_record(smoke: tuple[dict[str, Any], Path]) -> None:
     data, out = smoke
     study = data["study"]
     shape = study["shapes"][0]
@@ -104,7 +105,7 @@ def test_study_path_writes_its_record(smoke):
     assert json.loads((out / "study.json").read_text())["config"]["runs"] == 3
 
 
-def test_bench_path_times_peers_and_records_the_unavailable(smoke):
+def test_bench_path_times_peers_and_records_the_unavailable(smoke: tuple[dict[str, Any], Path]) -> None:
     data, out = smoke
     bench = data["bench"]
     assert [(c["direction"], c["dtype"]) for c in bench["cases"]] == [
@@ -141,7 +142,9 @@ def test_bench_path_times_peers_and_records_the_unavailable(smoke):
     assert "Fake GPU (sm_90)" in md
 
 
-def test_bench_in_a_context_times_every_peer_between_producer_and_consumer(smoke):
+def test_bench_in_a_context_times_every_peer_between_producer_and_consumer(
+    smoke: tuple[dict[str, Any], Path],
+) -> None:
     data, _ = smoke
     (case,) = data["context"]["cases"]
     assert case["context"] == "scaled-then-summed"
@@ -149,7 +152,7 @@ def test_bench_in_a_context_times_every_peer_between_producer_and_consumer(smoke
     assert all(r["gbps"] is None for r in case["results"].values()), "times include the neighbours"
 
 
-def test_block_path_reports_parity_times_and_flags(smoke):
+def test_block_path_reports_parity_times_and_flags(smoke: tuple[dict[str, Any], Path]) -> None:
     data, out = smoke
     block = data["block"]
     assert set(block["parity_relerr"]) == {"opgate/eager", "torch/eager"}

@@ -18,7 +18,7 @@ import statistics
 
 import pytest
 
-from opgate.validators.perf.stats import iqr, judge, mann_whitney_u, median, quantile
+from opgate.validators.perf.stats import Method, iqr, judge, mann_whitney_u, median, quantile
 
 # (x, y, method, U, p) from scipy.stats.mannwhitneyu(x, y, alternative="greater", use_continuity=True)
 SCIPY_VALUES = [
@@ -42,7 +42,9 @@ SCIPY_VALUES = [
 
 
 @pytest.mark.parametrize(("x", "y", "method", "u", "p"), SCIPY_VALUES)
-def test_mann_whitney_matches_scipy_values(x, y, method, u, p):
+def test_mann_whitney_matches_scipy_values(
+    x: list[float], y: list[float], method: Method, u: float, p: float
+) -> None:
     result = mann_whitney_u(x, y, method)
     assert result.u == u
     assert result.p_value == pytest.approx(p, rel=1e-12)
@@ -68,7 +70,7 @@ def _brute_force_p(x: list[float], y: list[float]) -> float:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_exact_p_equals_enumeration_with_ties(seed):
+def test_exact_p_equals_enumeration_with_ties(seed: int) -> None:
     rng = random.Random(seed)
     nx, ny = rng.randint(1, 6), rng.randint(1, 6)
     # coarse values force ties, which the exact path must handle via midranks
@@ -79,7 +81,7 @@ def test_exact_p_equals_enumeration_with_ties(seed):
     assert result.u == pytest.approx(sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in x for b in y))
 
 
-def test_exact_uses_the_smaller_side_consistently():
+def test_exact_uses_the_smaller_side_consistently() -> None:
     x = [float(v) for v in range(30, 60)]  # 30 values against 3: enumerated from y's side
     y = [1.0, 45.5, 70.0]
     assert mann_whitney_u(x, y, "exact").p_value == pytest.approx(
@@ -99,7 +101,7 @@ def _p_equal(x: list[float], y: list[float]) -> float:
     return ge - gt
 
 
-def test_live_scipy_agrees_when_installed():
+def test_live_scipy_agrees_when_installed() -> None:
     scipy_stats = pytest.importorskip("scipy.stats")
     rng = random.Random(7)
     for _ in range(200):
@@ -110,7 +112,7 @@ def test_live_scipy_agrees_when_installed():
             assert mann_whitney_u(x, y, method).p_value == pytest.approx(float(ref.pvalue), abs=1e-12)
 
 
-def test_mann_whitney_rejects_bad_input():
+def test_mann_whitney_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="both sides"):
         mann_whitney_u([], [1.0])
     with pytest.raises(ValueError, match="finite"):
@@ -120,7 +122,7 @@ def test_mann_whitney_rejects_bad_input():
     assert mann_whitney_u([3.0, 3.0], [3.0, 3.0], "asymptotic").p_value == 1.0
 
 
-def test_median_quantile_iqr_match_the_standard_library():
+def test_median_quantile_iqr_match_the_standard_library() -> None:
     rng = random.Random(3)
     data = [rng.lognormvariate(0, 0.3) for _ in range(101)]
     assert median(data) == statistics.median(data)
@@ -147,7 +149,7 @@ def _run(rng: random.Random, base_us: float, n: int = 60, drift: float = 0.01) -
     return out
 
 
-def test_unchanged_runs_rarely_alert():
+def test_unchanged_runs_rarely_alert() -> None:
     rng = random.Random(11)
     history = [_run(rng, 70.0) for _ in range(3)]
     alerts = 0
@@ -158,7 +160,7 @@ def test_unchanged_runs_rarely_alert():
     assert alerts <= 1
 
 
-def test_ten_percent_slowdown_is_caught():
+def test_ten_percent_slowdown_is_caught() -> None:
     rng = random.Random(12)
     caught = 0
     for _ in range(40):
@@ -168,7 +170,7 @@ def test_ten_percent_slowdown_is_caught():
     assert caught >= 39
 
 
-def test_effect_floor_separates_significant_from_regression():
+def test_effect_floor_separates_significant_from_regression() -> None:
     rng = random.Random(13)
     base = [70.0 * rng.lognormvariate(0, 0.005) for _ in range(500)]
     head = [72.1 * rng.lognormvariate(0, 0.005) for _ in range(500)]  # +3%: clear, but small
@@ -180,7 +182,7 @@ def test_effect_floor_separates_significant_from_regression():
     assert judge(base, head, min_effect=0.02).regression
 
 
-def test_bonferroni_divides_alpha():
+def test_bonferroni_divides_alpha() -> None:
     base = [10.0, 10.1, 10.2, 10.3, 10.4, 10.5]
     head = [11.0, 11.2, 11.1, 11.3, 10.45, 11.4]
     single = judge(base, head)
@@ -192,7 +194,7 @@ def test_bonferroni_divides_alpha():
     assert single.p_value > 1e-5
 
 
-def test_faster_is_never_a_regression_and_too_few_samples_are_not_judged():
+def test_faster_is_never_a_regression_and_too_few_samples_are_not_judged() -> None:
     assert not judge([10.0] * 10, [5.0] * 10).regression
     few = judge([1.0, 2.0], [3.0, 4.0, 5.0, 6.0, 7.0])
     assert not few.judged
@@ -203,7 +205,7 @@ def test_faster_is_never_a_regression_and_too_few_samples_are_not_judged():
             judge([1.0] * 5, [1.0] * 5, **bad)
 
 
-def test_judgement_json_carries_its_explanation():
+def test_judgement_json_carries_its_explanation() -> None:
     data = judge([10.0] * 8, [12.0, 12.5, 12.2, 12.1, 12.9, 12.3, 12.4, 12.6]).to_json()
     assert data["regression"] is True
     assert data["change"] == pytest.approx(data["ratio"] - 1.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from opgate.validators.perf.timing import (
 L2 = 50 * 2**20
 
 
-def test_ab_schedule_alternates_order_and_balances_positions():
+def test_ab_schedule_alternates_order_and_balances_positions() -> None:
     order = ab_schedule(["a", "b"], 4)
     assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
     three = ab_schedule(["a", "b", "c"], 6)
@@ -37,7 +38,7 @@ def test_ab_schedule_alternates_order_and_balances_positions():
         ab_schedule(["a", "a"], 1)
 
 
-def test_rotation_count_covers_twice_l2_for_small_inputs_only():
+def test_rotation_count_covers_twice_l2_for_small_inputs_only() -> None:
     assert rotation_count(300 * 2**20, L2) == 1  # big inputs cannot stay in L2
     assert rotation_count(2 * L2, L2) == 1
     assert rotation_count(30 * 2**20, L2) == 4  # 4 x 30 MiB >= 100 MiB
@@ -46,7 +47,7 @@ def test_rotation_count_covers_twice_l2_for_small_inputs_only():
     assert rotation_count(1024, 0) == 1
 
 
-def test_rep_count_clamps_to_config():
+def test_rep_count_clamps_to_config() -> None:
     cfg = TimingConfig(rep_ms=100.0, min_reps=20, max_reps=400)
     assert rep_count(1000.0, 100.0, cfg) == 100
     assert rep_count(1.0, 100.0, cfg) == 400
@@ -58,7 +59,7 @@ def test_rep_count_clamps_to_config():
         TimingConfig(rep_ms=0.0)
 
 
-def test_rotating_cycles_argument_sets():
+def test_rotating_cycles_argument_sets() -> None:
     seen: list[int] = []
     fn = Rotating(lambda i, scale=1: seen.append(i * scale), [((1,), {}), ((2,), {"scale": 10}), ((3,), {})])
     for _ in range(7):
@@ -87,13 +88,13 @@ def _spin(us: float) -> None:
         pass
 
 
-def test_time_interleaved_runs_the_schedule_and_attributes_samples(monkeypatch):
+def test_time_interleaved_runs_the_schedule_and_attributes_samples(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(timing, "L2_FLUSH_BYTES", 4096)
     calls: list[str] = []
 
-    def make(name: str, us: float):
+    def make(name: str, us: float) -> Callable[[], None]:
         def fn() -> None:
             calls.append(name)
             _spin(us)
@@ -113,12 +114,12 @@ def test_time_interleaved_runs_the_schedule_and_attributes_samples(monkeypatch):
     assert slow.summary()["median_us"] == pytest.approx(slow.median_us, abs=1e-3)
 
 
-def test_time_interleaved_needs_something_to_time():
+def test_time_interleaved_needs_something_to_time() -> None:
     with pytest.raises(ValueError, match="at least one"):
         time_interleaved({})
 
 
-def test_parse_clocks():
+def test_parse_clocks() -> None:
     assert parse_clocks("1980, 3201, 41, 120.52") == {
         "sm_mhz": 1980.0,
         "mem_mhz": 3201.0,
@@ -130,7 +131,7 @@ def test_parse_clocks():
         parse_clocks("1980, 3201")
 
 
-def test_read_clocks_only_queries(tmp_path: Path, monkeypatch):
+def test_read_clocks_only_queries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The clock reader runs nvidia-smi with query flags only: it never sets anything."""
     log = tmp_path / "argv.txt"
     smi = tmp_path / "nvidia-smi"
@@ -144,6 +145,6 @@ def test_read_clocks_only_queries(tmp_path: Path, monkeypatch):
     assert argv[1:] == ["--format=csv,noheader,nounits", "-i", "GPU-1234"]
 
 
-def test_read_clocks_without_nvidia_smi(monkeypatch, tmp_path):
+def test_read_clocks_without_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert "error" in read_clocks()

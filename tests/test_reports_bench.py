@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from opgate.reports import bench_legacy, bench_table
+from opgate.validators.perf.report import BENCH_FORMAT
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = sorted((REPO / "results" / "runs" / "h200-bench").glob("*.json"))
@@ -32,7 +33,7 @@ def _doc() -> dict[str, Any]:
                 "context": None, "bytes": 1, "results": results, "errors": errors or {}}  # fmt: skip
 
     return {
-        "format": bench_table.FORMAT,
+        "format": BENCH_FORMAT,
         "info": {
             "device": "NVIDIA H200",
             "capability": "9.0",
@@ -158,7 +159,7 @@ def test_converter_command_writes_one_file_per_input(tmp_path: Path) -> None:
     proc = subprocess.run([*convert, str(LEGACY), "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert bench_table.load([tmp_path / LEGACY.name])[0]["format"] == bench_table.FORMAT
+    assert bench_table.load([tmp_path / LEGACY.name])[0]["format"] == BENCH_FORMAT
     bad = tmp_path / "new.json"
     bad.write_text(json.dumps(_doc()))
     refused = subprocess.run([*convert, str(bad), "--out", str(tmp_path)],

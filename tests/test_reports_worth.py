@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 from opgate.reports import compat, html, markdown
 from opgate.reports.merge import merge
@@ -26,7 +27,12 @@ def _worth(mode: str, op_us: float, baselines: dict[str, float], seed: int) -> C
             _samples(op_us * scale, rng), {n: _samples(us * scale, rng) for n, us in baselines.items()}
         )
         rows.append({"shape": shape, "direction": "forward", **row})
-    record = {"mode": mode, "context": "producer/consumer graph", "baselines": list(baselines), "rows": rows}
+    record: dict[str, Any] = {
+        "mode": mode,
+        "context": "producer/consumer graph",
+        "baselines": list(baselines),
+        "rows": rows,
+    }
     record["summary"] = cell_finding(rows)
     return CheckResult("perf", Verdict.PASS, "timed", {"shapes": [], "worth_it": record})
 

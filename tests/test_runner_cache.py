@@ -14,8 +14,9 @@ import pytest
 
 from opgate.matrix.cell import Cell
 from opgate.validators.cache import VerdictCache, environment_identity
+from opgate.validators.options import RunOptions
 from opgate.validators.result import CellResult, RunResults, Verdict
-from opgate.validators.runner import Runner, RunOptions
+from opgate.validators.runner import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures_runner"
@@ -137,8 +138,8 @@ def test_explicit_seed_bypasses_the_cache(tmp_path: Path) -> None:
 
 def test_op_digest_follows_the_imports_of_the_specs_references() -> None:
     """Shared helpers and imported sibling ops count; unrelated ops and unimported scripts do not."""
+    from opgate.matrix.sources import op_source_files
     from opgate.matrix.spec import load_specs
-    from opgate.validators.cache import op_source_files
 
     specs = load_specs()
     rel = {op: {str(f.relative_to(ROOT)) for f in op_source_files(specs[op])} for op in specs}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ def task(tmp: Path, arch: str = "cpu", layout: str = "contiguous", dtype: str = 
 
 
 def run_pool(
-    tmp: Path, tasks: list[Task], gpus: list[Gpu] = (), lanes: int = 1
+    tmp: Path, tasks: list[Task], gpus: Sequence[Gpu] = (), lanes: int = 1
 ) -> tuple[Pool, dict[str, Any]]:
     pool = Pool(WorkerConfig(logs=tmp / "workers", module=FAKE, threads=3), host_lanes=lanes, gpus=gpus)
     done: dict[str, Any] = {}

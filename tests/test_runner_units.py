@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import os
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from opgate.matrix.cell import Cell
 from opgate.validators import device
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
 from opgate.validators.device import Gpu, plan_cells
 from opgate.validators.limits import timeout_for
+from opgate.validators.options import RunOptions, repro_command
 from opgate.validators.pool import Attempt, Pool, Task
 from opgate.validators.progress import Progress
 from opgate.validators.result import CellResult, CheckResult, Verdict
-from opgate.validators.runner import RunOptions, repro_command
 from opgate.validators.worker import jsonable
 from opgate.validators.workerproc import WorkerConfig, exit_description, killed_from_outside
 
@@ -25,7 +26,11 @@ A100 = Gpu(1, "NVIDIA A100-SXM4-80GB", "8.0")
 
 
 def cell(
-    arch: str = "cpu", mode: str = "eager", torch: str = "2.13.0+cpu", overrides: tuple = (), **kw: str
+    arch: str = "cpu",
+    mode: str = "eager",
+    torch: str = "2.13.0+cpu",
+    overrides: tuple[tuple[str, Any], ...] = (),
+    **kw: str,
 ) -> Cell:
     cuda = "none" if arch == "cpu" else "13.0"
     return Cell(
@@ -100,7 +105,8 @@ def test_each_nvcc_is_looked_up_once_and_a_cpu_only_torch_skips_cuda_builds_at_p
 
     class Impl:
         def __init__(self, kind: str) -> None:
-            self.kind, self.requires = kind, []
+            self.kind = kind
+            self.requires: list[str] = []
 
     class Spec:
         implementations: ClassVar[dict[str, object]] = {"cuda": Impl("cuda"), "triton": Impl("triton")}
@@ -117,7 +123,7 @@ def test_each_nvcc_is_looked_up_once_and_a_cpu_only_torch_skips_cuda_builds_at_p
         for cuda in ("13.0", "13.2")
         for _ in range(3)
     ]
-    cells = [Cell(**{**c.axes(), "shapes": f"s{i}"}) for i, c in enumerate(cells)]
+    cells = [dataclasses.replace(c, shapes=f"s{i}") for i, c in enumerate(cells)]
     plan = plan_cells(cells, {"rms_norm": Spec()}, "2.13.0+cpu", [], finder, torch_cuda=None)
     assert sorted(asked) == ["13.0", "13.2"]  # once per version, not once per cell
     kinds = {(c.impl, plan.placements[c.id].kind) for c in cells}
@@ -255,7 +261,12 @@ def test_worker_that_cannot_start_errors_its_cells_instead_of_looping(tmp_path: 
     ]
     tasks.append(Task(cell("sm_90"), "cuda", "sm_90", 1, 30.0, tmp_path / "g.log", tmp_path / "g"))
     seen: dict[str, str] = {}
-    pool.run(tasks, lambda t, a: seen.__setitem__(t.cell.id, a.outcome["reason"]) or ())
+
+    def record(task: Task, answer: Any) -> tuple[()]:
+        seen[task.cell.id] = answer.outcome["reason"]
+        return ()
+
+    pool.run(tasks, record)
     assert len(pool.workers) == 2  # gave up after two start-up failures
     assert all(w.record(pool.t0)["end"] == "worker exited with code 1" for w in pool.workers)
     reasons = list(seen.values())
@@ -276,11 +287,12 @@ def test_progress_bar_only_on_a_terminal() -> None:
     off = Tty()
     Progress(3, enabled=False, stream=off).update(result)
     assert off.getvalue() == ""
-    bar = Progress(3, enabled=True, stream=Tty(), log=Tty())
+    log = Tty()
+    bar = Progress(3, enabled=True, stream=Tty(), log=log)
     bar.update(result)
     assert "1/3" in bar.line()
     assert "pass 1" in bar.line()
-    assert bar.log.getvalue() == ""  # a terminal gets the bar, not lines
+    assert log.getvalue() == ""  # a terminal gets the bar, not lines
 
 
 def test_progress_lines_without_a_terminal() -> None:

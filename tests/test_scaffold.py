@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from opgate.matrix import scaffold
+from opgate.matrix.json_schemas import SCHEMAS_DIR
 from opgate.matrix.spec import load_specs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def test_init_writes_an_op_that_loads_as_the_teams_package(team_repo: Path) -> N
     assert "register_autograd" in text
     schema_line = (folder / "spec.yaml").read_text().splitlines()[0]
     assert schema_line.startswith("# yaml-language-server: $schema=")
-    assert Path(schema_line.split("=", 1)[1]).resolve() == scaffold.SCHEMAS_DIR / "spec.schema.json"
+    assert Path(schema_line.split("=", 1)[1]).resolve() == SCHEMAS_DIR / "spec.schema.json"
     listed = _opgate("list", "--ops-path", "ops", "--select", "my_op.*-cpu-*", cwd=team_repo)
     assert listed.returncode == 0, listed.stderr
     assert "my_op.triton-pt2.13-cpu-bf16-transposed-compile" in listed.stdout.split()

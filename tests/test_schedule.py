@@ -38,7 +38,8 @@ def cell(mode: str = "eager", arch: str = "sm_90", shapes: str = "default", op: 
 
 
 def test_history_is_per_environment_merged_on_save_and_survives_garbage(tmp_path: Path) -> None:
-    env_a, env_b = {"gpus": [{"name": "H200"}]}, {"gpus": []}
+    env_a: dict[str, Any] = {"gpus": [{"name": "H200"}]}
+    env_b: dict[str, Any] = {"gpus": []}
     first = History.load(tmp_path, env_a)
     assert first.durations == {}
     first.update({"x": 1.5, "never-ran": 0.0})

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from opgate.matrix.errors import ConfigError, ConfigErrors, UsageError
-from opgate.matrix.spec import OPS_DIR, Evidence, Mutates, Tolerance, discover, load_spec, load_specs, resolve
+from opgate.matrix.spec import Evidence, Mutates, Tolerance, discover, load_spec, load_specs, resolve
+from opgate.matrix.spec_schema import OPS_DIR
 
 DATA = Path(__file__).parent / "data" / "config"
 OPS = DATA / "ops"

@@ -20,6 +20,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,7 +49,10 @@ def _noxfile_pins() -> tuple[str, str]:
 
 
 def _run(argv: list[str], timeout: float = 600, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kw)  # type: ignore[call-overload]
+    done: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]  # **kw: cwd, env
+        argv, capture_output=True, text=True, timeout=timeout, check=False, **kw
+    )
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +108,7 @@ def _snapshot(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*") if "__pycache__" not in p.parts}
 
 
-def _verdict_problems(results: dict) -> list[str]:
+def _verdict_problems(results: dict[str, Any]) -> list[str]:
     """The cells that are not pass, each with its verdict and reason."""
     return [f"{c['id']}: {c['verdict']}: {c['reason']}" for c in results["cells"] if c["verdict"] != "pass"]
 
@@ -153,7 +157,7 @@ def test_installed_opgate_validates_a_new_op_in_a_package_named_ops(wheel: Path,
     assert any((tmp_path / "cache" / "opgate" / "verdicts").rglob("*.json"))
     probe = (
         "import json; from pathlib import Path; from opgate.matrix.spec import load_specs; "
-        "from opgate.validators.cache import op_source_files; "
+        "from opgate.matrix.sources import op_source_files; "
         "print(json.dumps([str(f) for f in op_source_files(load_specs([Path('ops')])['my_op'])]))"
     )
     keyed = _run([str(python), "-c", probe], cwd=repo, env=env)

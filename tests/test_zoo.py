@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from opgate.matrix.cell import Cell
+from opgate.validators.checks import CellOutcome
+from opgate.validators.result import CheckResult
 from tests.zoo.harness import ZOO, make_cell, run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -232,9 +234,9 @@ STABILITY = [
 ]
 
 
-def _check(outcome: object, name: str) -> object:
-    found = [c for c in outcome.checks if c.name == name]  # type: ignore[attr-defined]
-    assert found, f"check {name!r} did not run: {[c.name for c in outcome.checks]}"  # type: ignore[attr-defined]
+def _check(outcome: CellOutcome, name: str) -> CheckResult:
+    found = [c for c in outcome.checks if c.name == name]
+    assert found, f"check {name!r} did not run: {[c.name for c in outcome.checks]}"
     return found[0]
 
 
@@ -246,7 +248,7 @@ def _assert_case(case: Case, tmp_path: Path, seed: int) -> None:
     )
     if case.check is not None:
         check = _check(outcome, case.check)
-        assert check.status.value == case.verdict, f"{case.check}: {check.status.value} ({check.summary})"  # type: ignore[attr-defined]
+        assert check.status.value == case.verdict, f"{case.check}: {check.status.value} ({check.summary})"
     if case.verdict == "pass":
         ran = [c for c in outcome.checks if c.status.value != "skip"]
         assert ran, "a passing cell must have run checks"
@@ -269,7 +271,7 @@ def test_zoo_verdict_stable_across_seeds(case: Case, seed: int, tmp_path: Path) 
 def test_unwritten_tail_is_caught_as_poisoned_nan(tmp_path: Path) -> None:
     """The unwritten rows come back as NaN (poisoned allocation), not as lucky zeros."""
     _, outcome = run(make_cell("zoo_tail_unwritten", "fp32", "contiguous", "eager"), tmp_path)
-    comp = _check(outcome, "correctness").details["comparisons"][0]  # type: ignore[attr-defined]
+    comp = _check(outcome, "correctness").details["comparisons"][0]
     assert comp["op_nonfinite"] == 3 * 1000  # rows 64..66 of 67
     assert comp["worst_index"] == [64, 0]
 
@@ -278,8 +280,8 @@ def test_unwritten_tail_is_caught_as_poisoned_nan(tmp_path: Path) -> None:
 def test_cia_evidence_names_what_ran_instead(tmp_path: Path) -> None:
     _, outcome = run(make_cell("zoo_cia", "fp32", "contiguous", "compile"), tmp_path)
     ev = _check(outcome, "evidence")
-    assert ev.details["missing"] == ["zoo::cia_rms_norm"]  # type: ignore[attr-defined]
-    assert any("cpp_fused" in n for n in ev.details["seen"])  # type: ignore[attr-defined]
+    assert ev.details["missing"] == ["zoo::cia_rms_norm"]
+    assert any("cpp_fused" in n for n in ev.details["seen"])
     opcheck = [c for c in outcome.checks if c.name.startswith("opcheck")]
     assert not opcheck  # opcheck belongs to eager cells, where it passes this op (see zoo_cia eager cases)
 
@@ -288,22 +290,22 @@ def test_cia_evidence_names_what_ran_instead(tmp_path: Path) -> None:
 def test_hidden_copy_lists_the_copy(tmp_path: Path) -> None:
     _, outcome = run(make_cell("zoo_hidden_copy", "bf16", "transposed", "eager"), tmp_path)
     ev = _check(outcome, "evidence")
-    assert ev.details["extra_copies"] == 1  # type: ignore[attr-defined]
-    assert ev.details["copies"][0].startswith("aten::copy_ c10::BFloat16[67, 1000] <- c10::BFloat16")  # type: ignore[attr-defined]
+    assert ev.details["extra_copies"] == 1
+    assert ev.details["copies"][0].startswith("aten::copy_ c10::BFloat16[67, 1000] <- c10::BFloat16")
 
 
 @pytest.mark.slow
 def test_compile_counts_breaks_and_recompiles(tmp_path: Path) -> None:
     _, broken = run(make_cell("zoo_graph_break", "fp32", "contiguous", "compile"), tmp_path)
-    details = _check(broken, "compile").details  # type: ignore[attr-defined]
+    details = _check(broken, "compile").details
     assert details["graph_breaks"] == 1
     assert "Tensor.item()" in details["break_reasons"][0]
     _, special = run(make_cell("zoo_specializes", "fp32", "contiguous", "compile"), tmp_path)
-    details = _check(special, "compile").details  # type: ignore[attr-defined]
+    details = _check(special, "compile").details
     assert details["recompiles"] == 1
     assert [g["new_graphs"] for g in details["graphs"]] == [1, 1]
     _, good = run(make_cell("zoo_good", "fp32", "contiguous", "compile"), tmp_path)
-    assert _check(good, "compile").details["recompiles"] == 0  # type: ignore[attr-defined]
+    assert _check(good, "compile").details["recompiles"] == 0
 
 
 @pytest.mark.slow
@@ -346,16 +348,16 @@ def test_mutations_are_named_and_do_not_spill_into_other_checks(tmp_path: Path) 
     assert fwd.reason.startswith("mutation: forward writes into input 0 (declared functional): ")
     _, bwd = run(make_cell("zoo_mutates_grad", "fp32", "contiguous", "eager"), tmp_path)
     assert bwd.reason.startswith("mutation: backward writes into grad_output 0 (declared functional): ")
-    assert _check(bwd, "gradients").status.value == "pass"  # type: ignore[attr-defined]
-    assert _check(bwd, "gradcheck").status.value == "pass"  # no "Backward is not reentrant"  # type: ignore[attr-defined]
+    assert _check(bwd, "gradients").status.value == "pass"
+    assert _check(bwd, "gradcheck").status.value == "pass"  # no "Backward is not reentrant"
 
 
 @pytest.mark.slow
 def test_a_float_style_reference_leaves_gradcheck_running_in_float64(tmp_path: Path) -> None:
     _, outcome = run(make_cell("zoo_float_ref", "fp32", "contiguous", "eager"), tmp_path)
     check = _check(outcome, "gradcheck")
-    assert check.status.value == "pass", check.summary  # type: ignore[attr-defined]
-    assert check.details["fp64_rel_err"] < 1e-12  # type: ignore[attr-defined]
+    assert check.status.value == "pass", check.summary
+    assert check.details["fp64_rel_err"] < 1e-12
 
 
 def test_gpu_run_is_checked_against_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _TOKEN = re.compile(
@@ -163,7 +163,7 @@ class _Parser:
             if self.peek() == ("op", ","):
                 self.take()
         self.take(")")
-        functions = {
+        functions: dict[str, Callable[..., Any]] = {
             "always": lambda: True,
             "success": lambda: self.status["success"],
             "failure": lambda: not self.status["success"],

@@ -153,7 +153,8 @@ def _breakdown(dirs: Sequence[Path], as_json: bool) -> int:
 
 
 def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from opgate.validators.runner import Runner, RunOptions
+    from opgate.validators.options import RunOptions
+    from opgate.validators.runner import Runner
 
     options = RunOptions(
         out=args.out,

@@ -106,7 +106,7 @@ def library(*, build: bool = True, wait: bool = True) -> ctypes.PyDLL | None:
         return None  # being built; never block an import on the build lock
     with _LOCK:
         if _STATE["lib"] is not None or not build or _STATE["why"] is not None:
-            return _STATE["lib"]
+            return _loaded()
         why = _unavailable()
         if why is not None:
             _STATE["why"] = why
@@ -119,7 +119,12 @@ def library(*, build: bool = True, wait: bool = True) -> ctypes.PyDLL | None:
                 _STATE["thread"].start()
             return None
         _load()
-        return _STATE["lib"]
+        return _loaded()
+
+
+def _loaded() -> ctypes.PyDLL | None:
+    lib: ctypes.PyDLL | None = _STATE["lib"]
+    return lib
 
 
 def _cached() -> bool:

@@ -325,7 +325,7 @@ class _NoWrites(TorchDispatchMode):
     """Refuses the plan when the launcher runs a torch op other than an allocation or a view."""
 
     def __init__(self, rec: Recorder) -> None:
-        super().__init__()
+        TorchDispatchMode.__init__(self)  # not super(): mypy reads that as an untyped call
         self.rec = rec
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

@@ -21,12 +21,13 @@ from opgate.ops._extension import load_for_spec
 BUILT = load_for_spec(__name__)
 
 
-@torch.library.register_fake("opgate_cuda::rms_norm")
 def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-@torch.library.register_fake("opgate_cuda::rms_norm_backward")
+torch.library.register_fake("opgate_cuda::rms_norm", _rms_norm_fake)
+
+
 def _rms_norm_backward_fake(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,6 +35,9 @@ def _rms_norm_backward_fake(
         torch.empty(x.shape, dtype=x.dtype, device=x.device),
         torch.empty(weight.shape, dtype=weight.dtype, device=weight.device),
     )
+
+
+torch.library.register_fake("opgate_cuda::rms_norm_backward", _rms_norm_backward_fake)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -53,4 +57,5 @@ torch.library.register_autograd("opgate_cuda::rms_norm", _backward, setup_contex
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """y = x / sqrt(mean(x^2, -1) + eps) * weight, computed by opgate's CUDA kernel (CUDA tensors only)."""
-    return torch.ops.opgate_cuda.rms_norm(x, weight, eps)
+    y: torch.Tensor = torch.ops.opgate_cuda.rms_norm(x, weight, eps)
+    return y

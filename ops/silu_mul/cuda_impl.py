@@ -19,12 +19,13 @@ from opgate.ops._extension import load_for_spec
 BUILT = load_for_spec(__name__)
 
 
-@torch.library.register_fake("opgate_cuda::silu_mul")
 def _silu_mul_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.empty(a.shape, dtype=a.dtype, device=a.device)
 
 
-@torch.library.register_fake("opgate_cuda::silu_mul_backward")
+torch.library.register_fake("opgate_cuda::silu_mul", _silu_mul_fake)
+
+
 def _silu_mul_backward_fake(
     grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,6 +33,9 @@ def _silu_mul_backward_fake(
         torch.empty(a.shape, dtype=a.dtype, device=a.device),
         torch.empty(a.shape, dtype=a.dtype, device=a.device),
     )
+
+
+torch.library.register_fake("opgate_cuda::silu_mul_backward", _silu_mul_backward_fake)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -50,4 +54,5 @@ torch.library.register_autograd("opgate_cuda::silu_mul", _backward, setup_contex
 
 def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(a) * b computed by opgate's CUDA kernel (CUDA tensors only), fp32 math, one rounding."""
-    return torch.ops.opgate_cuda.silu_mul(a, b)
+    y: torch.Tensor = torch.ops.opgate_cuda.silu_mul(a, b)
+    return y

@@ -20,7 +20,9 @@ import time
 def _reply(
     cell: dict[str, object], verdict: str, healthy: bool = True, reason: str = ""
 ) -> dict[str, object]:
-    details = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "OMP_NUM_THREADS")}
+    details: dict[str, object] = {
+        k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "OMP_NUM_THREADS")
+    }
     details["pid"] = os.getpid()
     check = {"name": "probe", "status": verdict, "summary": f"{verdict} in {os.getpid()}", "details": details}
     return {

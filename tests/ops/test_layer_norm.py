@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from tests.ops._helpers import DEVICE, DTYPES, LAYOUTS, compare_op, with_layout
 
 def _sample(
     shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0
-) -> tuple[tuple[torch.Tensor, ...], dict]:
+) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
     s = ref.sample_inputs(shape, dtype, DEVICE, torch.Generator().manual_seed(seed))
     return s.args, s.kwargs
 

@@ -101,7 +101,7 @@ class _LowPrecisionOps(TorchDispatchMode):
     """Records the first aten op whose floating output is not float64, and where it was called."""
 
     def __init__(self) -> None:
-        super().__init__()
+        TorchDispatchMode.__init__(self)  # not super(): mypy reads that as an untyped call
         self.found: str | None = None
 
     def __torch_dispatch__(

@@ -51,7 +51,7 @@ def _in_graph(fn: Callable[..., Any], compile_kwargs: Mapping[str, Any], og: Any
     if og is None:
         compiled = torch.compile(fn, **compile_kwargs)
         return lambda s: compiled(*s.args, **s.kwargs)
-    graph = torch.compile(og.graph_of(fn), **compile_kwargs)
+    graph: Callable[..., Any] = torch.compile(og.graph_of(fn), **compile_kwargs)
     step = compile_kwargs.get("mode") == "reduce-overhead"
 
     def run(s: SampleInput) -> Any:

@@ -118,7 +118,7 @@ class GraphContext(Context):
         from opgate.ops.base import SampleInput
 
         og = importlib.import_module("opgate.validators.checks.opgraph")
-        graph = torch.compile(og.graph_of(fn), dynamic=False)
+        graph: Callable[..., Any] = torch.compile(og.graph_of(fn), dynamic=False)
 
         def in_graph(*args: Any, **kwargs: Any) -> Any:
             sample = SampleInput(args=tuple(args), kwargs=dict(kwargs))

@@ -26,7 +26,7 @@ Public API used by ``reports/diff.py``::
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -116,6 +116,7 @@ def _exact_sf(ranks2: Sequence[int], nx: int, observed2: int) -> float:
     The smaller side is enumerated (P(R_x >= r) = P(R_y <= total - r)) to keep the table small.
     """
     ny = len(ranks2) - nx
+    hit: Callable[[int], bool]
     if nx <= ny:
         dist, hit = _subset_sums(ranks2, nx), lambda s: s >= observed2
     else:

@@ -24,7 +24,14 @@ from opgate.validators.result import CellResult, CheckResult, RunResults, Verdic
 
 
 def _fp(**fields: Any) -> dict[str, Any]:
-    fp = {"fingerprint_version": 1, "cudnn": None, "cxx11abi": True, "nvcc": {}, "driver": None, "gpus": []}
+    fp: dict[str, Any] = {
+        "fingerprint_version": 1,
+        "cudnn": None,
+        "cxx11abi": True,
+        "nvcc": {},
+        "driver": None,
+        "gpus": [],
+    }
     fp.update(fields)
     fp["env_key"] = env_key(fp)
     return fp

@@ -42,7 +42,7 @@ def _round_to(y, dtype: tl.constexpr, ROUND: tl.constexpr):  # type: ignore[no-u
 
 
 @triton.jit
-def _zoo_rms_fwd_kernel(  # noqa: PLR0917 - a Triton kernel takes its arguments positionally
+def _zoo_rms_fwd_kernel(  # type: ignore[no-untyped-def]  # noqa: PLR0917 - Triton kernels take positional args
     x_ptr, w_ptr, y_ptr, M, N, sxm, sxn, sw, sym, syn, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CT: tl.constexpr, ACC: tl.constexpr,
     ROUND_ACC: tl.constexpr, ROUND_OUT: tl.constexpr, TWICE: tl.constexpr = False,
