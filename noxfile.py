@@ -3,7 +3,7 @@
 Session names are part of CI's contract (workflows call them by name), so they
 never depend on the machine:
 
-    tests                     the project's test suite (torch 2.13.0 + triton 3.8.0 venv)
+    tests                     the test suite, parallel, with coverage (torch 2.13.0 + triton 3.8.0)
     lint                      ruff, ruff format, mypy, import-linter, actionlint, zizmor (LINT_COMMANDS)
     wheel                     build the wheel, install it as a team would, validate a new op with it
     matrix(torch=2.13.0)      the default matrix in a venv with that torch (and its triton)
@@ -115,6 +115,10 @@ LINT_COMMANDS: tuple[tuple[str, ...], ...] = (
     # workflows and dependabot.yml; deliberate findings are explained in .github/zizmor.yml
     ("zizmor", "--offline", "--persona=pedantic", "--config", ".github/zizmor.yml", ".github"),
 )
+#: How ``nox -s tests`` runs pytest: every core (xdist), a test file per worker at a time.
+PYTEST_PARALLEL: tuple[str, ...] = ("-n", os.environ.get("OPGATE_TEST_WORKERS", "auto"), "--dist", "loadfile")
+#: Coverage of the stages and ops measured in the test processes ([tool.coverage] in pyproject.toml).
+PYTEST_COVERAGE: tuple[str, ...] = ("--cov", "--cov-report=term:skip-covered")
 #: What a session needs beyond Python packages, on a bare Debian/Ubuntu machine: command -> package.
 #: chromium: the HTML report's browser test; shellcheck: actionlint checks workflows' run: scripts.
 SYSTEM_PACKAGES: dict[str, dict[str, str]] = {
@@ -339,11 +343,16 @@ _register_matrix_sessions()
 
 @nox.session(reuse_venv=True)
 def tests(session: nox.Session) -> None:
-    """The project's test suite.  pytest's exit 5 (nothing collected) fails the session."""
+    """The project's test suite, unit and integration tests, in parallel with coverage.
+
+    ``OPGATE_TEST_WORKERS`` xdist workers (default ``auto``: one per core), each test file
+    on one worker (``loadfile``: a module's fixtures are built once).  ``-- -m unit`` runs the
+    fast tier only (tests/tiers.py).  pytest's exit 5 (nothing collected) fails the session.
+    """
     provision(session)
     install_torch_env(session, TEST_TORCH)
     session.install(*EXTRAS["test"])
-    session.run("python", "-m", "pytest", *session.posargs)
+    session.run("python", "-m", "pytest", *PYTEST_PARALLEL, *PYTEST_COVERAGE, *session.posargs)
 
 
 @nox.session(reuse_venv=True)

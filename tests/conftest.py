@@ -15,6 +15,9 @@ import pytest
 # first-party op directly get the build a run would use
 import opgate.validators  # noqa: F401
 
+#: the unit / integration tiers and the guard that keeps unit tests in one process
+pytest_plugins = ["tests.tiers"]
+
 
 @pytest.fixture(autouse=True)
 def _private_verdict_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:

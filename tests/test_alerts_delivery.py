@@ -260,6 +260,7 @@ def run_cli(diff_file: Path, env: dict[str, str], *args: str) -> subprocess.Comp
     )
 
 
+@pytest.mark.integration
 def test_cli_never_leaks_the_url_token_or_secret(diff_file: Path, tmp_path: Path) -> None:
     """A hostile server echoes the request path and the secret back; none of it may be printed."""
     state = tmp_path / "state.json"
@@ -283,6 +284,7 @@ def test_cli_never_leaks_the_url_token_or_secret(diff_file: Path, tmp_path: Path
     assert "Traceback" not in failed.stderr
 
 
+@pytest.mark.integration
 def test_cli_dedups_across_invocations(diff_file: Path, tmp_path: Path) -> None:
     state = tmp_path / "alerts-state.json"
     with serve(Reply(200, "ok")) as receiver:

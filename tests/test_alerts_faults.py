@@ -250,6 +250,7 @@ def cli(diff_file: Path, env: dict[str, str], *args: str, wait: bool = True) -> 
                           check=False)  # fmt: skip
 
 
+@pytest.mark.integration
 def test_unwritable_state_refuses_before_posting_and_a_rerun_posts_once(
     diff_file: Path, tmp_path: Path
 ) -> None:
@@ -269,6 +270,7 @@ def test_unwritable_state_refuses_before_posting_and_a_rerun_posts_once(
         assert "Traceback" not in run.stderr
 
 
+@pytest.mark.integration
 def test_default_state_dedups_two_runs_and_no_state_says_it_posts_again(
     diff_file: Path, tmp_path: Path
 ) -> None:
@@ -284,6 +286,7 @@ def test_default_state_dedups_two_runs_and_no_state_says_it_posts_again(
     assert "a re-run posts the same regressions again" in blind[0].stderr
 
 
+@pytest.mark.integration
 def test_two_alert_processes_sharing_a_state_post_once(diff_file: Path, tmp_path: Path) -> None:
     state = tmp_path / "sent.json"
     with serve(Reply(200, "ok", delay=0.5)) as receiver:  # slow answers: both overlap
@@ -297,6 +300,7 @@ def test_two_alert_processes_sharing_a_state_post_once(diff_file: Path, tmp_path
     assert sum("nothing new to send" in err for _, err in outs) == 1
 
 
+@pytest.mark.integration
 def test_sigterm_mid_delivery_exits_130_without_a_traceback(diff_file: Path) -> None:
     with serve(Reply(200, "ok", delay=30.0)) as receiver:
         env = {"OPGATE_SLACK_WEBHOOK_URL": receiver.url(PATH)}

@@ -22,6 +22,8 @@ from opgate.reports.alerts.registry import PLATFORMS
 from tests.data.reports.receiver import serve
 from tests.test_alerts_platforms import OK_REPLIES, PATHS, env_for
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parent.parent
 ZOO = REPO / "tests" / "zoo"
 CONFIG = """matrix_version: 1

@@ -42,6 +42,7 @@ def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+@pytest.mark.integration
 def test_sm80_only_build_lists_only_sm80(binaries: dict[str, Path]) -> None:
     found = list_arches(binaries["sm80"])
     assert found.sass == ("sm_80",)
@@ -50,6 +51,7 @@ def test_sm80_only_build_lists_only_sm80(binaries: dict[str, Path]) -> None:
     assert missing_arches(found, ["sm_80", "sm_90"]) == ["sm_90"]
 
 
+@pytest.mark.integration
 def test_two_arch_build_with_ptx(binaries: dict[str, Path]) -> None:
     found = list_arches(binaries["sm80_90_ptx"])
     assert found.sass == ("sm_80", "sm_90")
@@ -58,12 +60,14 @@ def test_two_arch_build_with_ptx(binaries: dict[str, Path]) -> None:
     assert missing_arches(found, ["sm_80"], ["compute_80"]) == ["compute_80"]
 
 
+@pytest.mark.integration
 def test_kernel_names_per_arch(binaries: dict[str, Path]) -> None:
     by_arch = kernels_by_arch(binaries["sm80_90_ptx"])
     assert set(by_arch) == {"sm_80", "sm_90"}
     assert all(any("opgate_probe_kernel" in k for k in ks) for ks in by_arch.values())
 
 
+@pytest.mark.integration
 def test_gpu_report_flags_kernels_that_would_jit(binaries: dict[str, Path]) -> None:
     only80 = gpu_sass_report(binaries["sm80"], (9, 0))
     assert only80["native"] is False
@@ -75,12 +79,14 @@ def test_gpu_report_flags_kernels_that_would_jit(binaries: dict[str, Path]) -> N
     assert gpu_sass_report(binaries["sm80"], (8, 6))["native"] is True  # sm_80 SASS runs on sm_86
 
 
+@pytest.mark.integration
 def test_host_only_file_has_no_device_code() -> None:
     found = list_arches(Path("/bin/ls"))
     assert not found.has_device_code
     assert found.sass == ()
 
 
+@pytest.mark.integration
 def test_unreadable_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(BinaryInspectionError, match="Could not open"):
         list_arches(tmp_path / "missing.so")

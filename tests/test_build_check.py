@@ -34,6 +34,7 @@ def _cell(impl: str, arch: str, cuda: str = "13.0") -> Cell:
     return Cell("probe", impl, torch.__version__, cuda, arch, "all", "all", "build")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_triton_cross_compile_holds_sass_for_the_cell_arch(
     probe_spec: OpSpec, arch: str, tmp_path: Path
@@ -51,6 +52,7 @@ def test_triton_cross_compile_holds_sass_for_the_cell_arch(
         assert k["compile_s"] < 5.0
 
 
+@pytest.mark.integration
 def test_real_rms_norm_kernel_cross_compiles(tmp_path: Path) -> None:
     """opgate's own Triton RMSNorm forward kernel, for sm_80 and sm_90, with no GPU."""
     code = f"""
@@ -83,6 +85,7 @@ def _with_impl(spec: OpSpec, name: str, **changes: Any) -> OpSpec:
     return dataclasses.replace(spec, implementations={**spec.implementations, name: impl})
 
 
+@pytest.mark.integration
 def test_bad_triton_signature_fails_the_cell(probe_spec: OpSpec, tmp_path: Path) -> None:
     spec = _with_impl(probe_spec, "triton", module="tests.data.build.probe_op.triton_bad")
     check = run_build_cell(_cell("triton", "sm_80"), spec, tmp_path).checks[0]
@@ -103,6 +106,7 @@ def sm80_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.integration
 def test_planted_build_missing_an_arch_fails_with_the_listing(sm80_only: Path) -> None:
     found = list_arches(sm80_only)
     out = _judge_cuda(found, kernels_by_arch(sm80_only), ["sm_80", "sm_90"], False, (), {}, "13.0.88", 0.0)
@@ -113,6 +117,7 @@ def test_planted_build_missing_an_arch_fails_with_the_listing(sm80_only: Path) -
     assert check.details["missing"] == ["sm_90"]
 
 
+@pytest.mark.integration
 def test_policy_asking_ptx_fails_without_ptx(sm80_only: Path) -> None:
     found = list_arches(sm80_only)
     out = _judge_cuda(found, kernels_by_arch(sm80_only), ["sm_80"], True, (), {}, "13.0.88", 0.0)
@@ -120,6 +125,7 @@ def test_policy_asking_ptx_fails_without_ptx(sm80_only: Path) -> None:
     assert out.checks[0].details["missing"] == ["compute_80"]
 
 
+@pytest.mark.integration
 def test_expected_kernel_absent_from_a_cubin_fails(sm80_only: Path) -> None:
     found, by_arch = list_arches(sm80_only), kernels_by_arch(sm80_only)
     ok = _judge_cuda(found, by_arch, ["sm_80"], False, ("*opgate_probe_kernel*",), {}, "13.0.88", 0.0)

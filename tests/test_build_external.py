@@ -84,6 +84,7 @@ def _build(spec: OpSpec, arch: str, cuda: str, tmp: Path) -> tuple[Verdict, str]
     return check.status, check.summary
 
 
+@pytest.mark.integration
 def test_planted_missing_arch_fails_only_its_column(spec: OpSpec, tmp_path: Path) -> None:
     assert _build(spec, "sm_80", "13.0", tmp_path)[0] is Verdict.PASS
     status, summary = _build(spec, "sm_90", "13.0", tmp_path)
@@ -91,6 +92,7 @@ def test_planted_missing_arch_fails_only_its_column(spec: OpSpec, tmp_path: Path
     assert summary.startswith("libprobe_cuda130.so: binary lacks sm_90 (SASS sm_80; PTX none)")
 
 
+@pytest.mark.integration
 def test_ptx_only_library_fails_the_build_and_is_a_jit_fallback_on_the_gpu(
     spec: OpSpec, site: Path, tmp_path: Path
 ) -> None:
@@ -102,6 +104,7 @@ def test_ptx_only_library_fails_the_build_and_is_a_jit_fallback_on_the_gpu(
     assert judge(report).status is Verdict.FALLBACK
 
 
+@pytest.mark.integration
 def test_correct_library_passes_both_arches_and_checks_expected_kernels(spec: OpSpec, tmp_path: Path) -> None:
     for arch in ("sm_80", "sm_90"):
         assert _build(spec, arch, "13.1", tmp_path) == (
@@ -119,6 +122,7 @@ def test_correct_library_passes_both_arches_and_checks_expected_kernels(spec: Op
     assert "binary lacks compute_80" in _build(ptx_policy, "sm_80", "13.1", tmp_path)[1]
 
 
+@pytest.mark.integration
 def test_missing_file_and_missing_distribution(spec: OpSpec, tmp_path: Path) -> None:
     status, summary = _build(spec, "sm_90", "12.8", tmp_path)
     assert status is Verdict.FAIL
@@ -130,6 +134,7 @@ def test_missing_file_and_missing_distribution(spec: OpSpec, tmp_path: Path) -> 
     )
 
 
+@pytest.mark.integration
 def test_helper_functions_are_not_kernels(tmp_path: Path) -> None:
     """Relocatable device code keeps the device function and __cuda_sm70_shflsync_down_p out of line."""
     obj = tmp_path / "helper.o"
@@ -151,6 +156,7 @@ def test_resource_usage_parser_reads_elf_sections_only() -> None:
     assert parse_resource_usage(text) == {"sm_90": ["_Z1kPf", "_Z1gPf"]}
 
 
+@pytest.mark.integration
 def test_gpu_cells_record_the_mapped_binary(spec: OpSpec, site: Path, tmp_path: Path) -> None:
     lib = site / "opgate_probe_wheel" / "libprobe_cuda130.so"
     maps = tmp_path / "maps"
@@ -165,6 +171,7 @@ def test_gpu_cells_record_the_mapped_binary(spec: OpSpec, site: Path, tmp_path: 
     assert judge_loaded([], LIB_GLOB).status is Verdict.FALLBACK
 
 
+@pytest.mark.integration
 def test_launched_triton_kernels_cross_compile(tmp_path: Path) -> None:
     """A library written in Triton: the kernels its op launches are recorded, then built per arch."""
     probe = load_spec(DATA / "probe_op" / "spec.yaml", REPO)

@@ -22,6 +22,8 @@ from opgate.matrix.errors import ConfigError, UsageError
 from opgate.matrix.sources import OPGATE_DIR
 from opgate.matrix.spec import load_specs
 
+pytestmark = pytest.mark.integration
+
 FIXTURES = Path(__file__).parent / "fixtures_runner"
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -212,6 +212,7 @@ def test_fake_meta_names_the_output_and_what_differs() -> None:
     assert "outputs:" in fakemeta.mismatches((t,), (t, t))[0]
 
 
+@pytest.mark.integration
 def test_without_fake_meta_the_ops_graph_still_trips_on_the_lie(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

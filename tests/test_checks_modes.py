@@ -40,6 +40,7 @@ def test_run_check_turns_reasons_into_skips_and_exceptions_into_errors() -> None
     assert err.details["exception"] == "ValueError"
 
 
+@pytest.mark.integration
 def test_export_keeps_the_op_node(tmp_path: Path) -> None:
     verdict, outcome = run(make_cell("zoo_good", "fp32", "transposed", "export"), tmp_path)
     assert verdict is Verdict.PASS, outcome.reason

@@ -165,6 +165,7 @@ def test_witness_sees_tensor_only_custom_ops_and_not_decompositions() -> None:
     assert "opgate_dispatch_test::decomposed" not in ran
 
 
+@pytest.mark.integration
 def test_executed_custom_ops_witnesses_the_body_inside_a_compiled_program() -> None:
     import torch
 

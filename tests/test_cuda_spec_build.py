@@ -95,6 +95,7 @@ def test_the_payload_reaches_the_harness_build_through_its_own_module(
     assert calls[0][0] == "opgate_silu_mul_cuda"
 
 
+@pytest.mark.integration
 def test_without_the_harness_a_cuda_op_says_how_it_is_built() -> None:
     """Imported outside opgate (no builder installed), the op refuses saying why, before any build."""
     code = (

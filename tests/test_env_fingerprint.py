@@ -53,6 +53,7 @@ def test_short_gpu_names() -> None:
     assert env.short_gpu_name("Tesla V100 PCIe") == "V100_PCIe"
 
 
+@pytest.mark.integration
 def test_fingerprint_of_this_interpreter() -> None:
     import torch
 
@@ -74,6 +75,7 @@ def test_fingerprint_of_this_interpreter() -> None:
     assert env.Fingerprint.from_json(record).to_json() == record, "the record reads back as written"
 
 
+@pytest.mark.integration
 def test_the_probe_subprocess_writes_the_same_record() -> None:
     """``python -m opgate.validators.env`` (the parent's probe) speaks the workers' format."""
     record = env.probe()
@@ -101,6 +103,7 @@ def test_accessors_readers_use() -> None:
     assert (cpu.gpu_name, cpu.arch, cpu.short_gpu) == (None, "", "")
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH")
 def test_nvcc_version_is_read_from_the_binary() -> None:
     nvcc = shutil.which("nvcc")
@@ -111,6 +114,7 @@ def test_nvcc_version_is_read_from_the_binary() -> None:
     assert dict(env.fingerprint().nvcc) == {version: nvcc}
 
 
+@pytest.mark.integration
 def test_nvcc_version_of_something_else_is_none() -> None:
     assert env.nvcc_version("/bin/true") is None
     assert env.nvcc_version("/no/such/nvcc") is None
@@ -128,6 +132,7 @@ def _fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
 
 
+@pytest.mark.integration
 def test_gpu_list_from_nvidia_smi_follows_cuda_visible_devices(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

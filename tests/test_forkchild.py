@@ -23,6 +23,7 @@ TARGETS = "tests.fixtures_runner.fork_targets"
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.integration
 def test_a_forked_child_runs_in_its_own_session_with_its_own_environment() -> None:
     result, _ = forkchild.call_forked(
         f"{TARGETS}:echo", json.dumps([1, 2]), {**os.environ, "FORK_TEST": "x"}, 30
@@ -35,6 +36,7 @@ def test_a_forked_child_runs_in_its_own_session_with_its_own_environment() -> No
     assert os.environ.get("FORK_TEST") is None  # the parent's environment is untouched
 
 
+@pytest.mark.integration
 def test_a_crash_or_a_hang_costs_the_child_only() -> None:
     result, tail = forkchild.call_forked(f"{TARGETS}:crash", "{}", dict(os.environ), 30)
     assert result is None

@@ -18,6 +18,8 @@ import pytest
 
 from opgate.validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
 
+pytestmark = pytest.mark.integration
+
 
 def _hello(worker: WorkerProcess, timeout_s: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s

@@ -114,6 +114,7 @@ BOMB_PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("levels", [3, 4, 5, 6, 8, 10, 12, 16])
 def test_alias_bomb_is_refused_fast_and_small_at_every_depth(levels: int, tmp_path: Path) -> None:
     """9**levels values from a few hundred bytes: refused with file:line in < 1 s and < 100 MB."""
@@ -152,6 +153,7 @@ def _file_size_limit(limit: int) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
+@pytest.mark.integration
 def test_publish_onto_a_full_disk_is_one_line_and_leaves_the_published_folder(shared: Path) -> None:
     """A disk that fills up while the matrix is written: exit 2 naming OUT, the old files intact."""
     from tests.fuzz_inputs import RESULTS

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 pytest.importorskip("importlinter", reason="import-linter is in the test and lint extras")
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from opgate.validators.interpreter import bf16_bits
@@ -48,6 +49,7 @@ def _values() -> torch.Tensor:
     return torch.cat([torch.randn(1000, generator=torch.Generator().manual_seed(0)), ties, edges])
 
 
+@pytest.mark.integration
 def test_stored_bfloat16_matches_torch_bit_for_bit(tmp_path: Path) -> None:
     path = tmp_path / "x.pt"
     torch.save(_values(), path)

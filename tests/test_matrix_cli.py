@@ -8,7 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from opgate.matrix.cell import AXES
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data" / "config"

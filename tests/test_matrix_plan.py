@@ -221,6 +221,7 @@ def matrix_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
 
 
+@pytest.mark.integration
 def test_plan_cli_writes_gha_and_manifest(tmp_path: Path) -> None:
     config = ["--config", str(DATA / "two_ops.yaml"), "--ops-path", str(DATA / "ops"), "--torch", "2.13.0"]
     listed = matrix_cli("list", *config).stdout.split()

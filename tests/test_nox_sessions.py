@@ -48,26 +48,31 @@ def listed(*args: str, default: str) -> list[dict[str, Any]]:
     return list(json.loads(done.stdout))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("default", ["pinned", "installed"])
 def test_session_names_do_not_depend_on_the_machine(default: str) -> None:
     names = {s["session"] for s in listed("-s", *ALL_SESSIONS, default=default)}
     assert names == ALL_SESSIONS
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("default", "expected"), [("pinned", PINNED), ("installed", [INSTALLED])])
 def test_dash_s_matrix_is_this_machines_default(default: str, expected: list[str]) -> None:
     assert [s["session"] for s in listed("-s", "matrix", default=default)] == expected
 
 
+@pytest.mark.integration
 def test_plain_nox_runs_lint_and_tests_only() -> None:
     assert sorted(s["session"] for s in listed(default="pinned")) == ["lint", "tests"]
 
 
+@pytest.mark.integration
 def test_torch_pins_reach_the_sessions() -> None:
     specs = {s["session"]: s["call_spec"] for s in listed("-s", "matrix", default="pinned")}
     assert specs == {name: {"torch": name[len("matrix(torch=") : -1]} for name in PINNED}
 
 
+@pytest.mark.integration
 def test_unknown_default_is_refused() -> None:
     done = nox("-l", OPGATE_MATRIX_DEFAULT="gpu")
     assert done.returncode != 0

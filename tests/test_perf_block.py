@@ -64,6 +64,7 @@ def tiny() -> dict[str, Any]:
     return record
 
 
+@pytest.mark.integration
 def test_block_parity_opgate_matches_stock_pytorch(tiny: dict[str, Any]) -> None:
     bf16 = tiny["bf16"]
     # bf16 rounding of a few matmuls: both variants land near 1e-3..1e-2 of the float32 block
@@ -72,10 +73,12 @@ def test_block_parity_opgate_matches_stock_pytorch(tiny: dict[str, Any]) -> None
     assert tiny["fp32"]["opgate-triton"] < 1e-5
 
 
+@pytest.mark.integration
 def test_block_parity_catches_a_broken_op(tiny: dict[str, Any]) -> None:
     assert tiny["bf16"]["no-rope"] > 20 * tiny["bf16"]["torch"]
 
 
+@pytest.mark.integration
 def test_planted_extra_pass_reads_the_slice_it_is_given(tiny: dict[str, Any]) -> None:
     assert tiny["sink_len"] == 2  # 6000 elements in blocks of 4096
     assert tiny["sink_err"] < 1e-2

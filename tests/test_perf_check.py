@@ -117,6 +117,7 @@ def test_timing_runs_with_poisoning_off_and_restores_it() -> None:
     assert dataclasses.is_dataclass(perf.CHECKS[0])
 
 
+@pytest.mark.integration
 def test_compile_cells_use_the_eager_reference_unless_overridden(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path, device="cuda:0", mode="compile")
     assert perf._callables(ctx)[2] == "reference"
@@ -137,6 +138,7 @@ class _HostEvent:
         return (end.t - self.t) * 1000.0
 
 
+@pytest.mark.integration
 def test_run_path_end_to_end_with_host_clock_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU path of run() with CUDA stood in for: every shape timed, the record complete."""
     import types

@@ -120,6 +120,7 @@ def test_study_without_a_real_slowdown_fails_the_bar() -> None:
     assert not meets_bar({"aa_alerts": 2, "aa_runs": 20, "planted_caught": 20, "planted_runs": 20})
 
 
+@pytest.mark.integration
 def test_peers_are_defined_once_with_their_roles() -> None:
     """opgate's implementations (the CUDA C++ one included) and their compiled variants, then aten,
     compile(reference) and Liger: one list, roles in the data, the unavailable with a reason."""

@@ -21,6 +21,8 @@ import pytest
 
 from opgate.matrix.spec import load_specs
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 
 _SCRIPT = r"""

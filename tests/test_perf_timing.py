@@ -131,6 +131,7 @@ def test_parse_clocks() -> None:
         parse_clocks("1980, 3201")
 
 
+@pytest.mark.integration
 def test_read_clocks_only_queries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The clock reader runs nvidia-smi with query flags only: it never sets anything."""
     log = tmp_path / "argv.txt"

@@ -86,6 +86,7 @@ def test_roles_come_from_the_data_not_the_names() -> None:
     assert bench_table.verdict(results) == "100% slower"
 
 
+@pytest.mark.integration
 def test_cli_renders_and_rejects_foreign_json(tmp_path: Path) -> None:
     good, bad, old = tmp_path / "good.json", tmp_path / "bad.json", tmp_path / "old.json"
     good.write_text(json.dumps(_doc()))
@@ -154,6 +155,7 @@ def test_conversion_keeps_every_verdict_and_every_figure() -> None:
             assert figure in rows[(row["shape"], row["dtype"], row["direction"])]
 
 
+@pytest.mark.integration
 def test_converter_command_writes_one_file_per_input(tmp_path: Path) -> None:
     convert = [sys.executable, "-m", "opgate.reports.bench_legacy"]
     proc = subprocess.run([*convert, str(LEGACY), "--out", str(tmp_path)],
@@ -168,6 +170,7 @@ def test_converter_command_writes_one_file_per_input(tmp_path: Path) -> None:
     assert "not a per-op benchmark document" in refused.stderr
 
 
+@pytest.mark.integration
 def test_publish_with_bench_puts_the_table_in_the_release_notes(tmp_path: Path) -> None:
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps(_doc()))

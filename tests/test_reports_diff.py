@@ -199,6 +199,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration
 def test_cli_formats_and_exit_codes(pair: tuple[Path, Path], tmp_path: Path) -> None:
     base, head = pair
     out = tmp_path / "diff.json"

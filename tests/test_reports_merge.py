@@ -137,6 +137,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration
 def test_cli_exit_codes_and_summary(tmp_path: Path) -> None:
     cpu_dir = write_run(cpu_run(), tmp_path / "cpu")
     gpu_dir = write_run(gpu_run(), tmp_path / "gpu")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from opgate.matrix.cell import Cell
 from opgate.reports.stability import compare, main, margin
 from opgate.validators.result import CellResult, CheckResult, RunResults, Verdict
@@ -82,6 +84,7 @@ def test_margin_is_the_worst_numeric_comparison() -> None:
     assert margin(CellResult(cell("y"), Verdict.SKIP, {})) is None
 
 
+@pytest.mark.integration
 def test_unreadable_results_and_usage(tmp_path: Path) -> None:
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "results.json").write_text("{}")

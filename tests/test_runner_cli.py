@@ -14,6 +14,8 @@ from junitparser import JUnitXml
 from opgate.matrix.errors import ConfigError, SelectionEmpty, UsageError
 from opgate.validators.result import RunResults, Verdict
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures_runner"
 CONFIG = FIXTURES / "matrix.yaml"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from junitparser import JUnitXml
 
 from opgate.matrix.cell import Cell
@@ -21,6 +22,7 @@ def _record(layout: str, verdict: Verdict) -> CellResult:
     return CellResult(cell, verdict, {"torch": "2.13.0", "python": "3.11"}, [check], seed=7)
 
 
+@pytest.mark.integration
 def test_collect_writes_results_and_junit_from_finished_cells(tmp_path: Path) -> None:
     (tmp_path / "cells").mkdir()
     for rec in (_record("contiguous", Verdict.PASS), _record("strided", Verdict.FAIL)):
@@ -41,6 +43,7 @@ def test_collect_writes_results_and_junit_from_finished_cells(tmp_path: Path) ->
     assert sorted(c.name for c in cases) == sorted(c.id for c in run.cells)
 
 
+@pytest.mark.integration
 def test_collect_refuses_an_empty_run(tmp_path: Path) -> None:
     (tmp_path / "cells").mkdir()
     proc = subprocess.run(

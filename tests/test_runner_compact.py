@@ -154,6 +154,7 @@ def test_refusals_name_the_folder(tmp_path: Path) -> None:
     assert not (tmp_path / "kept").exists(), "nothing written when any source is refused"
 
 
+@pytest.mark.integration
 def test_the_command(runs: dict[str, Path], tmp_path: Path) -> None:
     argv = [
         sys.executable,

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from opgate.matrix.cell import Cell
 from opgate.validators.device import Gpu
 from opgate.validators.pool import Attempt, Pool, Task
@@ -51,6 +53,7 @@ def probe(attempt: Attempt) -> dict[str, Any]:
     return details
 
 
+@pytest.mark.integration
 def test_one_worker_per_gpu_each_seeing_only_its_gpu(tmp_path: Path) -> None:
     gpus = [Gpu(0, "NVIDIA H200", "9.0"), Gpu(1, "NVIDIA H200", "9.0"), Gpu(2, "NVIDIA A100", "8.0")]
     sm90 = [task(tmp_path, "sm_90", shapes=f"s{i}") for i in range(8)]
@@ -77,6 +80,7 @@ def test_visible_device_maps_through_the_parents_list() -> None:
     assert visible_device(0, parent="GPU-aaaa,GPU-bbbb") == "GPU-aaaa"
 
 
+@pytest.mark.integration
 def test_abort_costs_one_cell_and_the_lane_gets_a_new_worker(tmp_path: Path) -> None:
     tasks = [task(tmp_path, layout=lay) for lay in ("contiguous", "transposed", "misaligned")]
     pool, done = run_pool(tmp_path, tasks)
@@ -89,6 +93,7 @@ def test_abort_costs_one_cell_and_the_lane_gets_a_new_worker(tmp_path: Path) -> 
     assert pool.workers[0].record(pool.t0)["end"] == "worker killed by SIGABRT"
 
 
+@pytest.mark.integration
 def test_sticky_device_error_retires_the_worker(tmp_path: Path) -> None:
     gpus = [Gpu(0, "NVIDIA H200", "9.0")]
     tasks = [task(tmp_path, "sm_90", layout=lay) for lay in ("offset", "contiguous")]
@@ -100,6 +105,7 @@ def test_sticky_device_error_retires_the_worker(tmp_path: Path) -> None:
     assert pool.workers[1].cells == [tasks[1].cell.id]
 
 
+@pytest.mark.integration
 def test_hang_is_killed_after_its_timeout(tmp_path: Path) -> None:
     tasks = [task(tmp_path, layout="strided", timeout_s=1.0), task(tmp_path)]
     pool, done = run_pool(tmp_path, tasks)
@@ -111,6 +117,7 @@ def test_hang_is_killed_after_its_timeout(tmp_path: Path) -> None:
     assert done[tasks[1].cell.id].outcome["checks"][0]["status"] == "pass"
 
 
+@pytest.mark.integration
 def test_isolated_cells_each_get_a_fresh_prestarted_worker(tmp_path: Path) -> None:
     tasks = [task(tmp_path, shapes=f"s{i}", fresh=True) for i in range(4)]
     pool = Pool(WorkerConfig(logs=tmp_path / "workers", module=FAKE), host_lanes=1)
@@ -128,6 +135,7 @@ def test_isolated_cells_each_get_a_fresh_prestarted_worker(tmp_path: Path) -> No
         assert by_pid[pid].started < previous_done  # started while the previous cell still ran
 
 
+@pytest.mark.integration
 def test_kept_spare_is_warm_before_a_failure_asks_for_a_rerun(tmp_path: Path) -> None:
     pool = Pool(WorkerConfig(logs=tmp_path / "workers", module=FAKE), host_lanes=1, keep_spare=True)
     seen: list[tuple[int, float, int]] = []
@@ -144,6 +152,7 @@ def test_kept_spare_is_warm_before_a_failure_asks_for_a_rerun(tmp_path: Path) ->
     assert rerun_worker.started < first_done  # ...started before the failure came back
 
 
+@pytest.mark.integration
 def test_contained_cells_share_a_worker_until_one_does_not_pass(tmp_path: Path) -> None:
     """CUDA-graph cells reuse the worker while they pass; a failure retires it before the next cell."""
     tasks = [

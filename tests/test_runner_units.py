@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
+
 from opgate.matrix.cell import Cell
 from opgate.validators import device
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
@@ -252,6 +254,7 @@ def test_details_become_strict_json() -> None:
 
 
 # -- pool without torch ------------------------------------------------------------------------
+@pytest.mark.integration
 def test_worker_that_cannot_start_errors_its_cells_instead_of_looping(tmp_path: Path) -> None:
     config = WorkerConfig(logs=tmp_path / "logs", python="/bin/false")
     pool = Pool(config, host_lanes=1)
@@ -337,6 +340,7 @@ def test_summary_names_each_bad_cell_with_its_reason_and_repro(tmp_path: Path) -
     assert "opgate run Y" not in text  # a passing cell needs no repro
 
 
+@pytest.mark.integration
 def test_a_previous_runs_cell_files_are_moved_aside_and_deleted_in_the_background(tmp_path: Path) -> None:
     import time
 

@@ -13,6 +13,8 @@ import pytest
 from opgate.matrix.json_schemas import SCHEMAS_DIR
 from opgate.matrix.spec import load_specs
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -114,6 +114,7 @@ def gpu_task(tmp: Path, seconds: float, n: int) -> Task:
     return Task(c, "cuda", "sm_90", 1, 60.0, tmp / f"{c.id}.log", tmp / c.id)
 
 
+@pytest.mark.integration
 def test_cells_spread_over_every_visible_gpu_by_measured_cost(tmp_path: Path) -> None:
     """Four GPUs, two lanes each: the long cells start first on separate lanes, every GPU gets work."""
     gpus = [Gpu(i, "NVIDIA H200", "9.0") for i in range(4)]
@@ -143,6 +144,7 @@ def test_visible_devices_of_a_restricted_parent_map_through(monkeypatch: pytest.
     assert visible_device(2, parent="GPU-a,GPU-b,GPU-c") == "GPU-c"
 
 
+@pytest.mark.integration
 def test_idle_lanes_stop_their_workers_early_and_shutdown_waits_on_none(tmp_path: Path) -> None:
     gpus = [Gpu(0, "NVIDIA H200", "9.0"), Gpu(1, "NVIDIA H200", "9.0")]
     tasks = [gpu_task(tmp_path, 1.0, 0), gpu_task(tmp_path, 0.05, 1)]

@@ -18,6 +18,7 @@ OPS = DATA / "ops"
 TOY = OPS / "toy" / "spec.yaml"
 
 
+@pytest.mark.integration
 def test_repository_specs_load_without_torch() -> None:
     code = (
         "import sys; from opgate.matrix.spec import load_specs; s = load_specs(); "
@@ -287,6 +288,7 @@ def _write(tmp_path: Path, text: str) -> Path:
     return src
 
 
+@pytest.mark.integration
 def test_an_old_spec_with_module_stops_the_run_with_exit_3(tmp_path: Path) -> None:
     """``module:`` (the op group before it was renamed) is a one-line error naming file:line, exit 3."""
     folder = tmp_path / "ops" / "toy"

@@ -95,6 +95,7 @@ def test_a_typo_is_a_spec_error_with_file_line(
     assert err.exit_code == 3
 
 
+@pytest.mark.integration
 def test_cli_refuses_a_typo_before_any_cell_runs(tmp_path: Path) -> None:
     repo = _repo(tmp_path, entry="ops.my_op.triton_impl:my_opp")
     out = tmp_path / "out"

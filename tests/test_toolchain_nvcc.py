@@ -19,6 +19,7 @@ from opgate.validators.toolchain import (
 )
 
 
+@pytest.mark.integration
 def test_machine_nvcc_13_0_is_found_with_its_real_toolkit_root() -> None:
     nvcc = find_nvcc("13.0")
     assert nvcc is not None
@@ -30,6 +31,7 @@ def test_machine_nvcc_13_0_is_found_with_its_real_toolkit_root() -> None:
     assert (tc.cuda_home / "include" / "cuda_runtime.h").is_file()
 
 
+@pytest.mark.integration
 def test_version_absent_from_machine_is_none_without_installing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -43,6 +45,7 @@ def test_bad_version_string_is_rejected() -> None:
         find_nvcc("13")
 
 
+@pytest.mark.integration
 def test_env_override_must_match_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
     machine = find_nvcc("13.0")
     assert machine is not None
@@ -52,6 +55,7 @@ def test_env_override_must_match_the_version(monkeypatch: pytest.MonkeyPatch) ->
     assert find_nvcc("12.9") is None
 
 
+@pytest.mark.integration
 def test_cuda_12_9_wheel_has_no_nvcc_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """nvidia-cuda-nvcc-cu12 ships ptxas and libnvvm only: a clear reason, remembered in the cache."""
     monkeypatch.setenv("OPGATE_TOOLCHAINS", str(tmp_path))
@@ -80,6 +84,7 @@ def test_cuda_13_2_installs_from_pypi_and_compiles(tmp_path: Path) -> None:
     assert out.stat().st_size > 0
 
 
+@pytest.mark.integration
 def test_cuobjdump_is_found_and_runs() -> None:
     tool = cuobjdump_path()
     out = subprocess.run([str(tool), "--version"], capture_output=True, text=True, check=False)

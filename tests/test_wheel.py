@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("matrix", "validators", "ops", "reports")
 DEPENDENCIES = {"pyyaml", "junitparser", "jsonschema", "numpy"}

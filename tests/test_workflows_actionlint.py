@@ -63,6 +63,7 @@ jobs:
 """
 
 
+@pytest.mark.integration
 def test_every_workflow_passes_actionlint() -> None:
     assert WORKFLOWS
     result = lint(*WORKFLOWS)
@@ -82,6 +83,7 @@ def test_config_declares_every_self_hosted_label_of_the_matrix() -> None:
     assert used <= declared, f"declare {sorted(used - declared)} in {CONFIG}"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("arch", sorted(runner_label_sets()))
 def test_matrix_runner_labels_lint_clean(tmp_path: Path, arch: str) -> None:
     path = tmp_path / "labels.yml"
@@ -90,6 +92,7 @@ def test_matrix_runner_labels_lint_clean(tmp_path: Path, arch: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration
 def test_undeclared_gpu_label_is_caught(tmp_path: Path) -> None:
     path = tmp_path / "labels.yml"
     path.write_text(workflow_on(["self-hosted", "linux", "x64", "gpu-sm99"]), encoding="utf-8")
@@ -98,6 +101,7 @@ def test_undeclared_gpu_label_is_caught(tmp_path: Path) -> None:
     assert 'label "gpu-sm99" is unknown' in result.stdout
 
 
+@pytest.mark.integration
 def test_without_the_config_the_gpu_labels_are_unknown(tmp_path: Path) -> None:
     empty = tmp_path / "empty.yaml"
     empty.write_text("self-hosted-runner:\n  labels: []\n", encoding="utf-8")
@@ -107,6 +111,7 @@ def test_without_the_config_the_gpu_labels_are_unknown(tmp_path: Path) -> None:
     assert 'label "gpu-sm90" is unknown' in result.stdout
 
 
+@pytest.mark.integration
 def test_planted_typo_in_the_plan_output_is_caught(tmp_path: Path) -> None:
     text = (ROOT / ".github" / "workflows" / "opgate.yml").read_text(encoding="utf-8")
     assert "needs.plan.outputs.matrix" in text
@@ -117,6 +122,7 @@ def test_planted_typo_in_the_plan_output_is_caught(tmp_path: Path) -> None:
     assert "matirx" in result.stdout
 
 
+@pytest.mark.integration
 def test_the_readme_example_caller_passes_actionlint(tmp_path: Path) -> None:
     """The example workflow a team copies from the README (the call of opgate.yml)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")

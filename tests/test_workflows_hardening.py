@@ -85,6 +85,7 @@ def test_workflow_keeps_every_rule(path: Path) -> None:
     assert not violations, "\n".join(map(str, violations))
 
 
+@pytest.mark.integration
 def test_zizmor_passes_on_the_workflows_and_dependabot_config() -> None:
     command = lint_command("zizmor")
     assert command[-1] == ".github"
@@ -103,6 +104,7 @@ def test_every_deliberate_zizmor_finding_is_explained_in_the_config() -> None:
             assert re.search(rf"^#\s+{audit}\s+{path.name}\b", config, re.MULTILINE), (path.name, audit)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 def test_planted_fault_is_caught_by_its_rule_alone(path: Path) -> None:
     header = path.read_text(encoding="utf-8").splitlines()[0]

@@ -19,6 +19,8 @@ import pytest
 
 from tests.workflow_rules import Workflow
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARDED = ("opgate.yml",)  # pr.yml and nightly.yml run its jobs (test_workflows_hardening)
 
