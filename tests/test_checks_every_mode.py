@@ -329,6 +329,7 @@ implementations:
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["eager", "compile"])
 def test_a_plain_python_op_is_never_called_on_fake_tensors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
@@ -336,7 +337,7 @@ def test_a_plain_python_op_is_never_called_on_fake_tensors(
     """On a GPU its kernels would launch on fake tensors' null pointers: an illegal memory access."""
     import sys
 
-    from opgate.ops.spec import load_spec
+    from opgate.matrix.spec import load_spec
     from opgate.validators.checks import run_cell
 
     (tmp_path / "opgate_py_op.py").write_text(PY_OP_MODULE)
