@@ -360,7 +360,8 @@ def lint(session: nox.Session) -> None:
     """ruff, formatting, mypy (against torch's own types), the import layers, actionlint and zizmor."""
     provision(session)
     install_torch_env(session, TEST_TORCH)
-    session.install(*EXTRAS["lint"])
+    # the test extras too: mypy checks the tests against the libraries they use (pytest, ...)
+    session.install(*EXTRAS["lint"], *EXTRAS["test"])
     # mypy and import-linter read opgate from the checkout link (see checkout_path)
     paths = {"mypy": "MYPYPATH", "lint-imports": "PYTHONPATH"}
     for command in LINT_COMMANDS:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -82,12 +83,12 @@ def test_cross_compile_forks_only_from_a_triton_imported_for_gpus(interpret: str
 
 def test_forking_needs_a_recorded_import_environment_that_matches(monkeypatch: pytest.MonkeyPatch) -> None:
     # one thread, as in a worker; a test process may hold others (xdist, servers of earlier tests)
-    monkeypatch.setattr(forkchild.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
     monkeypatch.setattr(forkchild, "_imported_under", None)
     assert not forkchild.can_fork((), {})  # a process opgate did not preload: never
     monkeypatch.setattr(forkchild, "_imported_under", {"TRITON_INTERPRET": "1"})
     assert not forkchild.can_fork((), {})  # imported for the interpreter, the child compiles for GPUs
     assert forkchild.can_fork((), {"TRITON_INTERPRET": "1"})
     assert not forkchild.can_fork(("no_such_module_imported",), {"TRITON_INTERPRET": "1"})
-    monkeypatch.setattr(forkchild.threading, "active_count", lambda: 2)
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
     assert not forkchild.can_fork((), {"TRITON_INTERPRET": "1"})  # a second thread: never fork
