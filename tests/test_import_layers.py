@@ -27,10 +27,11 @@ STAGES = ("matrix", "validators", "reports", "ops")
 
 
 def lint_imports(config: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    # `lint-imports` is this entry point; called through the interpreter, so no PATH lookup
+    cli = "from importlinter.cli import lint_imports_command; lint_imports_command()"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pythonpath), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [exe, "--no-cache", "--no-logo", str(config)],
+        [sys.executable, "-c", cli, "--no-cache", "--no-logo", str(config)],
         capture_output=True,
         text=True,
         env=env,
