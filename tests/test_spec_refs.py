@@ -33,6 +33,7 @@ implementations:
     qualname: team::my_op
     evidence:
       cpu: {{expect: ["team::my_op"]}}
+      cuda: {{expect: ["_my_op_kernel*"]}}
 """
 GOOD = {
     "reference": "ops.my_op.reference:my_op",
