@@ -47,6 +47,9 @@ class Mode:
     worker: WorkerPolicy = "reuse"
     #: the op runs inside a small producer/consumer graph (validators.checks.opgraph)
     in_graph: bool = False
+    #: Inductor compiles the op's graph: its generated kernels (``triton_poi_*``...) can run
+    #: beside the op's own (validators.checks.evidence, empty inputs)
+    inductor: bool = False
     #: the mode's machinery can break independently of any op: an environment control runs
     #: the op's reference through it (validators.controls)
     controlled: bool = False
@@ -90,6 +93,7 @@ _TABLE: tuple[Mode, ...] = (
         timeout_s=300.0,
         estimate_s=20.0,  # a first Inductor compile is ~17 s on CPU
         checks=("fakemeta", "compile", "correctness", "mutation", "evidence", "perf"),
+        inductor=True,
         in_graph=True,
         controlled=True,
         perf_history=True,
@@ -101,6 +105,7 @@ _TABLE: tuple[Mode, ...] = (
         timeout_s=300.0,
         estimate_s=25.0,
         checks=("fakemeta", "cudagraphs", "correctness", "evidence", "perf"),
+        inductor=True,
         gpu_only=True,
         # dynamo.reset() drops graph trees and pools between cells and the health probe catches a
         # stream left capturing; a fresh worker per cell cost ~10 s of start-up for ~3 s of work
@@ -125,6 +130,7 @@ _TABLE: tuple[Mode, ...] = (
         timeout_s=600.0,
         estimate_s=60.0,
         checks=("fakemeta", "aoti", "correctness", "mutation", "evidence"),
+        inductor=True,
         worker="isolate",  # loaded .so files and loaders that segfault: nothing of it may reach the next cell
         controlled=True,
         category="compile",

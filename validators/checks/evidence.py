@@ -126,13 +126,12 @@ def realignment_copies(copies: list[str], spans: list[int]) -> list[str]:
 #: the context's producer), not the op's kernel replaced: a vanished kernel shows on every
 #: non-empty cell of the same op.
 INDUCTOR_KERNELS = ("triton_poi_*", "triton_red_*", "triton_per_*")
-INDUCTOR_MODES = ("compile", "cudagraphs", "aoti")
 
 
 def launched_nothing(seen: list[str], device_kind: str, mode: str = "eager") -> bool:
     """The trace shows no work: no kernel (CUDA) or no op event beyond allocations and views (CPU)."""
     if device_kind == "cuda":
-        if mode in INDUCTOR_MODES:
+        if ALL_MODES[mode].inductor:
             seen = [n for n in seen if not any(matches(n, p) for p in INDUCTOR_KERNELS)]
         return not seen
     return all(any(matches(n, p) for p in BOOKKEEPING_EVENTS) for n in seen)
