@@ -27,6 +27,9 @@ from tests.devtools import Page, launch, serve
 
 pytestmark = pytest.mark.browser
 RUNS = Path(__file__).resolve().parents[1] / "results" / "runs"
+#: two cells of the H200 Liger run of 2026-11-30 (before the ulp rule): a gradient over the old
+#: 2x rule, kept without values, and a hidden copy; today's committed run has neither case
+LIGER_2026_11_30 = Path(__file__).resolve().parent / "data" / "reports" / "liger-2026-11-30"
 SDPA_FALLBACK = "sdpa.aten-pt2.11-cu13.0-sm_90-bf16-strided-compile"
 LIGER_FAIL = "liger_layer_norm.liger-pt2.11-cu13.0-sm_90-bf16-offset-eager"
 LIGER_COPY = "liger_layer_norm.liger-pt2.11-cu13.0-sm_90-bf16-strided-compile"
@@ -73,7 +76,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("evidence")
     run, values = planted_run()
-    inputs = [RUNS / "h200-sm_90-matrix", RUNS / "h200-liger", write_run(run, root / "planted")]
+    inputs = [RUNS / "h200-sm_90-matrix", LIGER_2026_11_30, write_run(run, root / "planted")]
     publish(inputs, root / "out")
     with serve(root) as url:
         yield {"url": f"{url}/out/index.html", "values": values}
