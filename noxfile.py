@@ -393,8 +393,12 @@ def wheel(session: nox.Session) -> None:
     is ``ops``, and the installed ``opgate run`` validates it.  Only pytest is
     needed here: the test makes its own venv.
     """
-    session.install("pytest>=8")
-    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "tests/test_wheel.py", *session.posargs)
+    session.install("pytest>=8", "pyyaml>=6.0")
+    # the suite's conftest imports opgate from the checkout (the test itself runs the installed wheel)
+    env = {"PYTHONPATH": str(checkout_path())}
+    session.run(
+        "python", "-m", "pytest", "-p", "no:cacheprovider", "tests/test_wheel.py", *session.posargs, env=env
+    )
 
 
 @nox.session(reuse_venv=True, default=False)
