@@ -92,15 +92,25 @@ def test_a_fork_server_that_cannot_start_leaves_fresh_interpreters(tmp_path: Pat
         launcher.stop()
 
 
-def test_a_fork_server_whose_preload_touched_cuda_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("plant", "logged"),
+    [
+        # forking after CUDA init gives workers that cannot use the GPU: the server must not serve then
+        ("torch.cuda.is_initialized = lambda: True  # what an eager GPU import would leave",
+         "CUDA initialised while preloading"),
+        # is_available() marks later forks bad while is_initialized() stays False: only a real fork tells
+        ("torch.cuda._is_in_bad_fork = lambda: True  # what asking the CUDA runtime leaves",
+         "a forked child could not start CUDA"),
+    ],
+    ids=["cuda-initialised", "forks-poisoned"],
+)  # fmt: skip
+def test_a_fork_server_that_cannot_give_cuda_workers_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plant: str, logged: str
 ) -> None:
-    """Forking after CUDA init gives workers that cannot use the GPU: the server must not serve then."""
+    """A server whose forks could not start CUDA must not serve: fresh interpreters do instead."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import torch\ntorch.cuda.is_initialized = lambda: True  # what an eager GPU import would leave\n"
-    )
+    (site / "sitecustomize.py").write_text(f"import torch\n{plant}\n")
     monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     launcher = Launcher(WorkerConfig(logs=tmp_path / "logs", fork_server=True))
     launcher.prestart(["cpu"])
@@ -108,30 +118,7 @@ def test_a_fork_server_whose_preload_touched_cuda_is_refused(
         worker = launcher.spawn("cpu-c-1", "cpu", None)
         assert not worker.forked
         assert _hello(worker)["type"] == "hello"  # a fresh interpreter serves instead
-        assert "CUDA initialised while preloading" in (tmp_path / "logs" / "forkserver-cpu.log").read_text()
-        worker.close()
-        worker.wait(timeout=10)
-    finally:
-        launcher.stop()
-
-
-def test_a_fork_server_whose_forks_are_poisoned_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """is_available() marks later forks bad, is_initialized() stays False: only a real fork tells."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import torch\ntorch.cuda._is_in_bad_fork = lambda: True  # what asking the CUDA runtime leaves\n"
-    )
-    monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    launcher = Launcher(WorkerConfig(logs=tmp_path / "logs", fork_server=True))
-    launcher.prestart(["cpu"])
-    try:
-        worker = launcher.spawn("cpu-c-1", "cpu", None)
-        assert not worker.forked
-        assert _hello(worker)["type"] == "hello"  # a fresh interpreter serves instead
-        assert "a forked child could not start CUDA" in (tmp_path / "logs" / "forkserver-cpu.log").read_text()
+        assert logged in (tmp_path / "logs" / "forkserver-cpu.log").read_text()
         worker.close()
         worker.wait(timeout=10)
     finally:

@@ -369,20 +369,24 @@ def _append(path: Path, line: str) -> None:
         f.write(line + "\n")
 
 
+def _lines(path: Path) -> list[str] | None:
+    """A log's non-blank lines (None when it cannot be read)."""
+    try:
+        return [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+
+
 def _cell_output_tail(path: Path) -> str:
     """The last line the cell itself printed to its log ('' when only opgate's own lines are there)."""
-    try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
+    lines = _lines(path)
     if not lines or lines[-1].startswith("==="):
         return ""
     return lines[-1].strip()[:200]
 
 
 def _last_line(path: Path) -> str:
-    try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
+    lines = _lines(path)
+    if lines is None:
         return "no worker log"
     return lines[-1][:300] if lines else "worker printed nothing"
