@@ -44,6 +44,15 @@ def register(
     if fake:
         op.register_fake(fake_impl)
 
+    attach_autograd(op, backward)
+    return op
+
+
+def attach_autograd(
+    op: Any, backward: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rms_backward
+) -> None:
+    """Autograd of an ``(x, w, eps)`` RMSNorm op: ``backward(g, x, w, eps) -> (dx, dw)``."""
+
     def setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
         x, w, eps = inputs
         ctx.save_for_backward(x, w)
@@ -55,4 +64,3 @@ def register(
         return dx, dw, None
 
     op.register_autograd(bwd, setup_context=setup)
-    return op

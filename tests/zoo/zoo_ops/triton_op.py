@@ -16,7 +16,7 @@ import triton
 from torch.library import triton_op, wrap_triton
 
 from zoo_ops.kernels import NATIVE, NEAREST, _zoo_rms_fwd_kernel, check, compute_type, interpreting
-from zoo_ops.register import rms_backward
+from zoo_ops.register import attach_autograd
 
 BLOCK_M, BLOCK_N = 16, 512
 
@@ -39,16 +39,4 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tenso
     return y
 
 
-def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, w, eps = inputs
-    ctx.save_for_backward(x, w)
-    ctx.eps = eps
-
-
-def _backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-    x, w = ctx.saved_tensors
-    dx, dw = rms_backward(g, x, w, ctx.eps)
-    return dx, dw, None
-
-
-rms_norm.register_autograd(_backward, setup_context=_setup)
+attach_autograd(rms_norm)
