@@ -135,6 +135,37 @@ def _row(r: dict[str, Any]) -> str:
     )
 
 
+def _scenarios(
+    args: argparse.Namespace, out: Path, run_args: list[str], env: dict[str, str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(scenarios, one-op runs, nothing runs); ``speed.json`` is rewritten after each (a cut run keeps it)."""
+    records: list[dict[str, Any]] = []
+    one: list[dict[str, Any]] = []
+    nothing: list[dict[str, Any]] = []
+
+    def save() -> None:
+        partial = {"argv": run_args, "cpus": os.cpu_count(), "scenarios": records, "all_runs": one + nothing}
+        (out / "speed.json").write_text(json.dumps(partial, indent=1) + "\n")
+
+    if not args.skip_cold:
+        records.append(_run("cold", out, run_args, env))
+        save()
+    records.append(_run("warm", out, [*run_args, "--no-cache"], env))
+    save()
+    probe = ROOT / args.probe
+    original = _probe(probe)
+    try:
+        one += [_run(f"one-op-{i}", out, run_args, env) for i in range(1, args.repeat + 1)]
+        # the later repeats find the changed op cached: only the first is a one-op change
+        records.append({**one[0], "scenario": "one-op"})
+        save()
+    finally:
+        probe.write_text(original)
+    nothing += [_run(f"nothing-{i}", out, run_args, env) for i in range(1, args.repeat + 1)]
+    records.append({**_fastest(nothing), "scenario": "nothing"})
+    return records, one, nothing
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--out", type=Path, required=True)
@@ -164,19 +195,8 @@ def main() -> int:
     if not args.skip_cold:
         shutil.rmtree(caches, ignore_errors=True)
     shutil.rmtree(out / "runs", ignore_errors=True)
-    records = [] if args.skip_cold else [_run("cold", out, run_args, env)]
-    records.append(_run("warm", out, [*run_args, "--no-cache"], env))
-    probe = ROOT / args.probe
-    original = _probe(probe)
-    try:
-        one = [_run(f"one-op-{i}", out, run_args, env) for i in range(1, args.repeat + 1)]
-        # the later repeats find the changed op cached: only the first is a one-op change
-        records.append({**one[0], "scenario": "one-op"})
-    finally:
-        probe.write_text(original)
-    nothing = [_run(f"nothing-{i}", out, run_args, env) for i in range(1, args.repeat + 1)]
-    records.append({**_fastest(nothing), "scenario": "nothing"})
-    summary = {
+    records, one, nothing = _scenarios(args, out, run_args, env)
+    summary: dict[str, Any] = {
         "argv": run_args,
         "probe": f"{args.probe}: {PROBE_LINE.strip()}",
         "cpus": os.cpu_count(),

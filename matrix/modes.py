@@ -107,9 +107,13 @@ _TABLE: tuple[Mode, ...] = (
         checks=("fakemeta", "cudagraphs", "correctness", "evidence", "perf"),
         inductor=True,
         gpu_only=True,
-        # dynamo.reset() drops graph trees and pools between cells and the health probe catches a
-        # stream left capturing; a fresh worker per cell cost ~10 s of start-up for ~3 s of work
-        worker="contain",
+        # A fresh worker per cell: CUDA graph trees keep process-wide state that dynamo.reset() does
+        # not fully clear.  On the H200 (torch 2.11) a Triton op's misaligned-input cudagraphs cell
+        # raised "Detected N tensor(s) in the cudagraph pool not tracked as outputs" in 11-12 of 15
+        # cells when the worker had run other layouts' cells before it, and passed in 21 of 21 cells
+        # run after misaligned cells only: its verdict depended on the scheduler.  A forked worker
+        # starts in well under a second (its imports are the fork server's).
+        worker="isolate",
         in_graph=True,
         controlled=True,
         category="compile",

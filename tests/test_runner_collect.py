@@ -68,3 +68,33 @@ def test_collect_reads_the_skipped_cells_written_in_one_file(tmp_path: Path) -> 
     run = collect(tmp_path)
     assert {c.id: c.verdict for c in run.cells} == {ran.id: Verdict.PASS, gpu.id: Verdict.SKIP}
     assert run.cells[[c.id for c in run.cells].index(gpu.id)].reason == "no sm_90 device here"
+
+
+def _crashed(impl: str, layout: str = "contiguous") -> CellResult:
+    cell = Cell("rms_norm", impl, "2.11.0", "13.0", "sm_90", "bf16", layout, "aoti")
+    return CellResult(cell, Verdict.ERROR, {"torch": "2.11.0"}, [], reason="worker killed by SIGSEGV")
+
+
+def test_collect_compares_cut_cells_with_their_finished_controls(tmp_path: Path) -> None:
+    """A run cut short before its end still tells a broken mode from a broken op."""
+    from opgate.validators.collect import collect
+
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "controls").mkdir()
+    op, control = _crashed("triton"), _crashed("control")
+    other = CellResult(
+        Cell("silu_mul", "triton", "2.11.0", "13.0", "sm_90", "bf16", "contiguous", "aoti"),
+        Verdict.ERROR, {"torch": "2.11.0"}, [], reason="worker killed by SIGSEGV",
+    )  # fmt: skip
+    for rec, folder in ((op, "cells"), (other, "cells"), (control, "controls")):
+        (tmp_path / folder / f"{rec.id}.json").write_text(json.dumps(rec.to_json()))
+    run = collect(tmp_path)
+    by_id = {c.id: c for c in run.cells}
+    linked = by_id[op.id]
+    assert linked.verdict is Verdict.ENVIRONMENT
+    assert control.id in linked.reason
+    assert linked.check("control") is not None
+    assert by_id[other.id].verdict is Verdict.ERROR  # its control never finished: its own verdict stands
+    assert by_id[other.id].check("control") is None
+    again = collect(tmp_path)  # collecting twice changes nothing
+    assert [c.to_json() for c in again.cells] == [c.to_json() for c in run.cells]

@@ -20,6 +20,7 @@ from typing import Any
 
 from opgate.matrix.errors import ResultsFormatError
 from opgate.matrix.files import MAX_JSON_BYTES, expect_type, parse_json, read_json, read_text, write_output
+from opgate.validators import controls
 from opgate.validators.junit import write_junit
 from opgate.validators.result import CellResult, RunResults
 
@@ -74,12 +75,26 @@ def write_run(run: RunResults, out: Path) -> dict[str, Any]:
     return doc
 
 
+def _linked(records: list[CellResult], finished: dict[str, CellResult]) -> list[CellResult]:
+    """Each record beside its finished control, unless the run already put it there."""
+    out = []
+    for record in records:
+        control = controls.control_of(record.cell)
+        if control is not None and control.id in finished and not controls.is_linked(record):
+            out.append(controls.link(record, finished[control.id]))
+        else:
+            out.append(record)
+    return out
+
+
 def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted") -> RunResults:
     """Read ``out/cells/*.json`` (and ``skipped.jsonl``) and ``out/controls/*.json``; write ``results.json``
     and ``junit.xml``.
 
-    Op cells are kept as recorded: a cell the run had not yet compared with its
-    control when it was cut short keeps its own verdict.
+    A cell the run had not yet compared with its control when it was cut short
+    is compared now when that control finished (:func:`controls.link`, as the
+    run would have at its end); one whose control did not finish keeps its own
+    verdict.
     """
     cells_dir = out / "cells"
     records = [_read(path) for path in sorted(cells_dir.glob("*.json"))]
@@ -91,6 +106,8 @@ def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted")
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     planned = read_planned(out)
     done = {r.id for r in records}
+    finished_controls = [_read(path) for path in sorted((out / "controls").glob("*.json"))]
+    records = _linked(records, {c.id: c for c in finished_controls})
     run = RunResults(
         cells=sorted(records, key=lambda r: r.id),
         env=env,
@@ -99,7 +116,7 @@ def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted")
         argv=[*(argv or []), f"# collected from cells/ ({note})"],
         planned=len(planned) if planned is not None else None,
         missing=sorted(c for c in planned or () if c not in done),
-        controls=[_read(path) for path in sorted((out / "controls").glob("*.json"))],
+        controls=finished_controls,
     )
     write_run(run, out)
     return run

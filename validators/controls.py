@@ -39,7 +39,7 @@ from opgate.validators.result import CellResult, CheckResult, Verdict
 if TYPE_CHECKING:
     from opgate.matrix.spec import ImplSpec, OpSpec
 
-__all__ = ["CONTROL_IMPL", "control_impl", "control_of", "failure_kind", "is_control", "link"]
+__all__ = ["CONTROL_IMPL", "control_impl", "control_of", "failure_kind", "is_control", "is_linked", "link"]
 
 #: Modes whose machinery (Dynamo/Inductor, CUDA graphs, torch.export, AOTInductor) can be broken
 #: by the environment independently of any op.  Eager has nothing between the op and torch.
@@ -115,6 +115,11 @@ def failure_kind(result: CellResult) -> str | None:
     if own is not None and own.status in EXCUSABLE:
         return f"check {own.name} {own.status.value}"
     return None
+
+
+def is_linked(result: CellResult) -> bool:
+    """Whether ``result`` already carries its control's outcome (:func:`link` ran on it)."""
+    return any(c.name == CONTROL_CHECK for c in result.checks)
 
 
 def link(result: CellResult, control: CellResult) -> CellResult:

@@ -30,9 +30,9 @@ from opgate.matrix.modes import mode as mode_of
 
 #: How far a worker is trusted after a cell is the mode's ``worker`` policy
 #: (:mod:`opgate.matrix.modes`): ``isolate`` (AOTInductor loaders that segfault,
-#: loaded .so files) gets a fresh worker per cell; ``contain`` (cudagraphs) shares
-#: a reusable worker only while cells pass, so state from a failed capture never
-#: reaches the next cell.  ``build`` cells are reused: nvcc, Triton's
+#: loaded .so files, CUDA graph trees' process-wide state) gets a fresh worker per
+#: cell; ``contain`` shares a reusable worker only while cells pass, so state from
+#: a failed cell never reaches the next one.  ``build`` cells are reused: nvcc, Triton's
 #: cross-compile and cuobjdump all run in child processes, so a build worker's
 #: own state never changes.
 

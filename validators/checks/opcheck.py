@@ -11,10 +11,18 @@ wrong only shows on non-contiguous inputs.
 opcheck passes an op registered as CompositeImplicitAutograd whose kernel
 vanishes under compile (see the H200 measurements): its success is necessary,
 never sufficient; the evidence check is what catches that.
+
+test_schema's aliasing test compares outputs with ``torch._C._overlaps``; on
+the H200 image (torch 2.11, CUDA) two distinct *empty* outputs both have data
+pointer 0 and are reported as aliases ("Outputs 0 and 1 alias unexpectedly"):
+every zero-size cell of a correct two-output op failed.  Outputs that hold no
+elements cannot share memory, so that report is re-examined on the op's real
+outputs (:func:`empty_alias`) and passes with a note; any other alias stands.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -45,6 +53,32 @@ def lookup(qualname: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | N
     return getattr(packet, chosen or "default")
 
 
+_ALIAS = re.compile(r"Outputs (\d+) and (\d+) alias unexpectedly")
+
+
+def empty_alias(op: Any, sample: Any, exc: BaseException) -> str | None:
+    """Why test_schema's "Outputs i and j alias" is no alias (both distinct, one empty), or None."""
+    found = _ALIAS.search(str(exc))
+    if found is None:
+        return None
+    i, j = int(found.group(1)), int(found.group(2))
+    with torch.no_grad():
+        out = op(*sample.args, **sample.kwargs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    if max(i, j) >= len(outs):
+        return None
+    a, b = outs[i], outs[j]
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a is b:
+        return None
+    if a.numel() and b.numel():
+        return None
+    return (
+        f"test_schema reported outputs {i} and {j} as aliases; they are distinct tensors and "
+        f"hold no elements (shapes {tuple(a.shape)} and {tuple(b.shape)}, data pointers "
+        f"{a.data_ptr()} and {b.data_ptr()}): nothing to share, not an alias"
+    )
+
+
 def applies(ctx: CellContext) -> str | None:
     if not ctx.impl.qualname:
         return "the implementation has no torch.library qualname (external op)"
@@ -65,6 +99,10 @@ def _runner(subtest: str) -> Any:
         name = f"opcheck:{subtest}"
         if outcome == "SUCCESS":
             return CheckResult(name, Verdict.PASS, f"{subtest} passed")
+        if isinstance(outcome, BaseException) and subtest == "test_schema":
+            note = empty_alias(op, sample, outcome)
+            if note is not None:
+                return CheckResult(name, Verdict.PASS, f"{subtest} passed ({note})")
         if isinstance(outcome, BaseException):
             return CheckResult(
                 name,
