@@ -115,11 +115,7 @@ def test_control_is_a_reserved_implementation_name(tmp_path: Path) -> None:
         load_spec(tmp_path / "spec.yaml", ZOO)
 
 
-@pytest.fixture(scope="module")
-def broken_aoti_run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    out = tmp_path_factory.mktemp("broken-aoti") / "run"
+def _broken_aoti(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     plant = FIXTURES / "broken_aoti"
     env = {
         **os.environ,
@@ -128,11 +124,40 @@ def broken_aoti_run(
     }
     cmd = [
         sys.executable, "-m", "opgate.validators", "run", "--config", str(FIXTURES / "controls.yaml"),
-        "--ops-path", str(ZOO), "--out", str(out), "--no-progress", "--no-cache", "--retries", "0",
+        "--ops-path", str(ZOO), "--out", str(out), "--no-progress", "--retries", "1", *extra,
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert (out / "results.json").is_file(), proc.stderr[-3000:]
-    return out, proc
+    return proc
+
+
+@pytest.fixture(scope="module")
+def broken_aoti_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("broken-aoti") / "run"
+    return out, _broken_aoti(out)  # a fresh cache: every cell runs
+
+
+@pytest.mark.slow
+def test_the_environment_verdict_is_served_from_the_cache_with_its_control(
+    broken_aoti_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """Nothing changed: the broken mode is not crashed into again, and its control is still listed."""
+    first, _ = broken_aoti_run
+    again = first.parent / "again"
+    proc = _broken_aoti(again)
+    run, record = RunResults.read(again / "results.json"), json.loads((again / "run.json").read_text())
+    before = RunResults.read(first / "results.json")
+    assert {c.id: c.verdict for c in run.cells} == {c.id: c.verdict for c in before.cells}
+    aoti = next(c for c in run.cells if c.cell.op == "zoo_good" and c.cell.mode == "aoti")
+    assert aoti.verdict is Verdict.ENVIRONMENT
+    assert aoti.id in record["cached_cells"]
+    assert [c.id for c in run.controls] == [c.id for c in before.controls]
+    control = next(c for c in run.controls if c.verdict is Verdict.ERROR)
+    assert control.id in record["cached_cells"]  # served beside the cell it explains, not re-run
+    assert record["breakdown"]["cells_ran"] == 0
+    assert proc.returncode == 1  # zoo_no_fake's own export failure, served from the cache too
 
 
 @pytest.mark.slow
@@ -150,10 +175,14 @@ def test_a_mode_broken_for_the_reference_does_not_blame_the_op(
     assert control.cell.impl == "control"
     assert control.verdict is Verdict.ERROR
     assert "SIGSEGV" in control.reason
+    # the control ran after the op's first crash, and crashed alike (twice: its own re-run), so
+    # the op's cell was not re-run: a re-run of an environment's failure tells nothing
+    assert (aoti.attempts, control.attempts) == (1, 2)
     # the converse: the op's own export failure stands beside a control that passes
     export = next(c for c in run.cells if c.cell.op == "zoo_no_fake" and c.cell.mode == "export")
     assert export.verdict is Verdict.FAIL
     assert export.check("control").status is Verdict.PASS  # type: ignore[union-attr]
+    assert export.attempts == 2  # its control passed: the op's failure got its re-run, and stands
     good_export = next(c for c in run.cells if c.cell.op == "zoo_good" and c.cell.mode == "export")
     assert good_export.verdict is Verdict.PASS
     assert good_export.check("control") is None  # a passing group runs no control

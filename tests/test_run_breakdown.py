@@ -51,7 +51,9 @@ def test_breakdown_splits_capacity_into_work_and_harness() -> None:
     b = breakdown(CELLS, RUN)
     assert b["lanes"] == ["cpu0", "gpu0"]  # the unused spare's lane counts once, via the used worker
     assert b["capacity_s"] == 20.0
-    assert b["work_s"] == {"build": 8.0, "compile": 6.0, "kernel runs": 1.5, "profiling": 0.5, "re-runs": 1.0}
+    assert b["work_s"] == {
+        "build": 8.0, "compile": 6.0, "kernel runs": 1.5, "profiling": 0.5, "re-runs": 1.0, "controls": 0.0,
+    }  # fmt: skip
     assert b["harness_s"] == 3.0  # 20 - 17
     assert b["harness_share"] == 0.15
     assert (b["cells_ran"], b["cells_cached"]) == (3, 1)  # the cached cell's 100 s are not this run's
@@ -59,6 +61,21 @@ def test_breakdown_splits_capacity_into_work_and_harness() -> None:
     text = format_breakdown(b)
     assert "harness" in text
     assert "15.0%" in text
+
+
+def test_controls_are_work_not_harness() -> None:
+    """A control holds a lane as long as a cell does: its seconds are the run's work, not the harness's."""
+    check = {"name": "cudagraphs", "status": "pass", "duration_s": 2.0}
+    controls = [
+        {"id": "ctl", "duration_s": 2.5, "checks": [check]},
+        {"id": "ctl-cached", "duration_s": 50.0, "checks": []},  # served from the verdict cache
+    ]
+    run = {**RUN, "cached_cells": ["cached", "ctl-cached"]}
+    b = breakdown(CELLS, run, controls)
+    assert b["work_s"]["controls"] == 2.5
+    assert b["controls_ran"] == 1
+    assert b["harness_s"] == 0.5  # 20 - 17 - 2.5
+    assert b["work_s"]["compile"] == 6.0  # a control's checks are not counted twice
 
 
 def test_cli_prints_a_finished_run_and_refuses_a_bad_folder(

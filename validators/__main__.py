@@ -136,12 +136,13 @@ def _breakdown(dirs: Sequence[Path], as_json: bool) -> int:
         absent = [n for n in ("results.json", "run.json") if not (folder / n).is_file()]
         if absent:
             raise ResultsFormatError(f"{folder}: not a finished run folder (no {' or '.join(absent)})")
-        cells = read_json(folder / "results.json", what="results", expect=dict).get("cells")
+        doc = read_json(folder / "results.json", what="results", expect=dict)
+        cells, controls = doc.get("cells"), doc.get("controls") or []
         run = read_json(folder / "run.json", what="run record", expect=dict)
-        if not isinstance(cells, list):
+        if not isinstance(cells, list) or not isinstance(controls, list):
             raise ResultsFormatError(f"{folder / 'results.json'}: no list of cells: not a finished run")
         try:
-            out[str(folder)] = breakdown(cells, run)
+            out[str(folder)] = breakdown(cells, run, controls)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             why = f"{type(exc).__name__}: {exc}"
             raise ResultsFormatError(f"{folder}: not a finished run folder ({why})") from exc

@@ -30,7 +30,9 @@ CATEGORIES: Mapping[str, str] = {
     "opcheck:test_aot_dispatch_dynamic": "compile",
     "evidence": "profiling",
 }
-ORDER = ("build", "compile", "kernel runs", "profiling", "re-runs")
+#: ``controls``: environment controls (:mod:`validators.controls`), the op's reference run through
+#: a mode after a cell failed there: work the run did on a lane, not the harness's.
+ORDER = ("build", "compile", "kernel runs", "profiling", "re-runs", "controls")
 
 
 def category(check_name: str) -> str:
@@ -45,8 +47,10 @@ def _lane(worker_name: str) -> str:
     return parts[1] if len(parts) >= 3 else worker_name
 
 
-def breakdown(cells: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> dict[str, Any]:
-    """Seconds per category and the harness share, from results.json cells and run.json."""
+def breakdown(
+    cells: Sequence[Mapping[str, Any]], run: Mapping[str, Any], controls: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """Seconds per category and the harness share, from results.json cells (and controls) and run.json."""
     cached = set(run.get("cached_cells") or [])
     ran = [c for c in cells if c.get("id") not in cached and c.get("checks")]
     per: dict[str, float] = dict.fromkeys(ORDER, 0.0)
@@ -55,6 +59,10 @@ def breakdown(cells: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> dic
         cell_s += float(cell.get("duration_s") or 0.0)
         for check in cell.get("checks") or []:
             per[category(str(check.get("name")))] += float(check.get("duration_s") or 0.0)
+    cell_work = sum(per.values())
+    controls_ran = [c for c in controls if c.get("id") not in cached]
+    for control in controls_ran:  # a control's own set-up is part of it, as it occupies the lane
+        per["controls"] += float(control.get("duration_s") or 0.0)
     workers = run.get("workers") or []
     lanes = sorted({_lane(str(w.get("name"))) for w in workers if w.get("cells")})
     wall = float((run.get("timings") or {}).get("wall_s") or 0.0)
@@ -67,6 +75,7 @@ def breakdown(cells: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> dic
         "wall_s": round(wall, 2),
         "cells_ran": len(ran),
         "cells_cached": len(cached),
+        "controls_ran": len(controls_ran),
         "lanes": lanes,
         "capacity_s": round(capacity, 2),
         "work_s": {k: round(v, 2) for k, v in per.items()},
@@ -75,7 +84,7 @@ def breakdown(cells: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> dic
         "harness_parts_s": {
             "fork-server imports (summed, in parallel)": round(preload, 2),
             "worker start-up (summed, partly hidden)": round(startup, 2),
-            "cell set-up outside checks": round(max(cell_s - work, 0.0), 2),
+            "cell set-up outside checks": round(max(cell_s - cell_work, 0.0), 2),
         },
         "workers_started": len(workers),
     }

@@ -37,10 +37,17 @@ from typing import Any
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import ResultsFormatError
 from opgate.matrix.sources import OPGATE_DIR, op_source_files, source_files
+from opgate.matrix.spec_schema import CONTROL_IMPL
 from opgate.validators.result import CellResult, Verdict
 
 CACHE_VERSION = 1
-CACHEABLE = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.FALLBACK, Verdict.UNSUPPORTED})
+CACHEABLE = frozenset(
+    {Verdict.PASS, Verdict.FAIL, Verdict.FALLBACK, Verdict.UNSUPPORTED, Verdict.ENVIRONMENT}
+)
+#: A control is stored only beside the ``environment`` cell it explains (:meth:`VerdictCache.put`
+#: with ``explains``), so its failure is served with that cell: a later run of the same sources
+#: in the same environment need not crash twice more to say the mode is broken here.
+CONTROL_CACHEABLE = CACHEABLE | {Verdict.ERROR}
 VALIDATORS_DIR = Path(__file__).resolve().parent
 
 
@@ -138,7 +145,8 @@ class VerdictCache:
             result = CellResult.from_json(json.loads(path.read_text()))
         except (OSError, ValueError, ResultsFormatError):
             return None
-        if result.id != cell.id or result.verdict not in CACHEABLE:
+        allowed = CONTROL_CACHEABLE if cell.impl == CONTROL_IMPL else CACHEABLE
+        if result.id != cell.id or result.verdict not in allowed:
             return None
         stored_log = path.with_suffix(".log")
         if log is not None and stored_log.exists():
@@ -148,8 +156,10 @@ class VerdictCache:
             )
         return result
 
-    def put(self, result: CellResult, spec: Any, log: Path | None = None) -> None:
-        if result.verdict not in CACHEABLE:
+    def put(self, result: CellResult, spec: Any, log: Path | None = None, *, explains: bool = False) -> None:
+        """Store a final record; a control's failure only when it ``explains`` an environment cell."""
+        allowed = CONTROL_CACHEABLE if explains and result.cell.impl == CONTROL_IMPL else CACHEABLE
+        if result.verdict not in allowed:
             return
         path = self._path(self.key(result.cell, spec))
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,12 +36,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import CellsFailed
 from opgate.matrix.files import write_output
-from opgate.validators import controls, device, env
+from opgate.validators import controls, device, env, retry_gate
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
 from opgate.validators.breakdown import breakdown
 from opgate.validators.cache import VerdictCache, environment_identity
@@ -59,7 +59,14 @@ from opgate.validators.schedule import History, expected_costs, host_lanes, long
 from opgate.validators.workerproc import Launcher, WorkerConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from opgate.matrix.changes import Affected
+
+
+#: Records a cell's final attempt; returns the tasks that follow from it (its control, re-runs of
+#: the cells that waited on a control).
+Settle: TypeAlias = "Callable[[Task, list[AttemptView]], list[Task]]"
 
 
 def _say(text: str) -> None:
@@ -103,6 +110,8 @@ class Runner:
         self.controls: dict[str, CellResult] = {}
         #: control id -> the op cell whose failure scheduled it (a control is re-run through that cell)
         self._scheduled_controls: dict[str, Cell] = {}
+        self._controls_running: set[str] = set()  # control tasks handed to the pool, not yet recorded
+        self._gate = retry_gate.RetryGate()  # failed cells waiting on their control before a re-run
         self._gpus: list[Gpu] = []
         self.changes: Affected | None = None
         self.timings: dict[str, float] = {}
@@ -164,6 +173,10 @@ class Runner:
         tasks = [self._task(c, placements[c.id]) for c in longest_first(runnable, costs)]
         for cached in [self.results[i] for i in self.cached]:  # a cached failure needs its control too
             tasks[:0] = self._control_tasks(cached)
+            control = controls.control_of(cached.cell)
+            explained = cached.verdict is Verdict.ENVIRONMENT and control is not None
+            if explained and control is not None and control.id not in self.controls:
+                self._serve_cached(control)  # stored beside it: the control that explains it
         self.timings["plan_s"] = time.monotonic() - t0
         if tasks:
             self._run(tasks, costs)
@@ -184,7 +197,7 @@ class Runner:
         doc = write_run(run, self.out)
         self._remember(run)
         self.timings["wall_s"] = time.monotonic() - t0
-        write_json(self.out / "run.json", self._run_record(doc["cells"]))
+        write_json(self.out / "run.json", self._run_record(doc["cells"], doc.get("controls") or []))
         other, wall = self._plan.other_torch, self.timings["wall_s"]
         _say(format_summary(run, wall, other, self.out, cached=len(self.cached)))
         return run, (CellsFailed.exit_code if any(c.verdict.is_bad for c in run.cells) else 0)
@@ -274,20 +287,49 @@ class Runner:
             views = attempts.setdefault(task.cell.id, [])
             views.append(view)
             if wants_retry(view, task.attempt, opts.retries):
-                return [replace(task, attempt=task.attempt + 1, fresh=True)]
+                return self._retry_or_wait(task, views, settle)
+            return settle(task, views)
+
+        def settle(task: Task, views: list[AttemptView]) -> list[Task]:
             result = self._record(task.cell, views, task.seed)
             if controls.is_control(task.cell):
-                return []
+                self._controls_running.discard(task.cell.id)
+                return [t for p in self._gate.release(task.cell.id) for t in self._after_control(p, settle)]
             progress.update(result)
             return self._control_tasks(result)
 
         t = time.monotonic()
         try:
             pool.run(tasks, on_done)
+            for parked in self._gate.leftover():  # a control that never reported: record as they are
+                settle(parked.task, parked.views)
         finally:
             progress.close()
             self.timings["pool_s"] = time.monotonic() - t
             self.timings["shutdown_s"] = pool.shutdown_s
+
+    def _retry_or_wait(self, task: Task, views: list[AttemptView], settle: Settle) -> list[Task]:
+        """A re-run now, or the control first and the re-run after it (:mod:`validators.retry_gate`)."""
+        retry = [replace(task, attempt=task.attempt + 1, fresh=True)]
+        control = controls.control_of(task.cell)
+        mine = retry_gate.provisional(task.cell, views)
+        if control is None or controls.failure_kind(mine) is None:
+            return retry
+        scheduled = [] if control.id in self.controls else self._control_tasks(mine)
+        if control.id in self.controls:  # in already, or served from the verdict cache just now
+            return settle(task, views) if retry_gate.explained(mine, self.controls[control.id]) else retry
+        if control.id not in self._controls_running:  # no control can run here
+            return retry
+        self._gate.park(control.id, task, views)
+        return scheduled
+
+    def _after_control(self, parked: retry_gate.Parked, settle: Settle) -> list[Task]:
+        task, views = parked.task, parked.views
+        control = controls.control_of(task.cell)
+        assert control is not None  # only cells of controlled modes are parked
+        if retry_gate.explained(retry_gate.provisional(task.cell, views), self.controls[control.id]):
+            return settle(task, views)
+        return [replace(task, attempt=task.attempt + 1, fresh=True)]
 
     def _control_tasks(self, result: CellResult) -> list[Task]:
         """The control a failed cell needs, once per group (none when cached, scheduled or not needed)."""
@@ -302,16 +344,26 @@ class Runner:
         placement = device.place(control, self._gpus)
         if placement.kind is None:
             return []
+        self._controls_running.add(control.id)
         return [self._task(control, placement)]
 
     def _link_controls(self) -> None:
-        """Every op cell of a group whose control ran gets it beside it (and ``environment`` if alike)."""
+        """Every op cell of a group whose control ran gets it beside it (and ``environment`` if alike).
+
+        An ``environment`` cell is cached with its control (a cached one already carries it): the
+        same sources in the same environment are the environment's again, without crashing twice.
+        """
         for result in list(self.results.values()):
             control = controls.control_of(result.cell)
-            if control is not None and control.id in self.controls:
-                linked = controls.link(result, self.controls[control.id])
-                if linked != result:
-                    self._store(linked)
+            if control is None or control.id not in self.controls or controls.is_linked(result):
+                continue
+            linked = controls.link(result, self.controls[control.id])
+            if linked != result:
+                self._store(linked)
+            if linked.verdict is Verdict.ENVIRONMENT and self._cache is not None:
+                spec = self._specs[result.cell.op]
+                self._cache.put(linked, spec, self._log(result.cell))
+                self._cache.put(self.controls[control.id], spec, self._log(control), explains=True)
 
     def _remember(self, run: RunResults) -> None:
         """What the cells that ran took (the next run's costs), and this environment's fingerprint."""
@@ -389,7 +441,9 @@ class Runner:
         self.results[result.id] = result
         write_json(self.out / "cells" / f"{result.id}.json", result.to_json(), indent=None)
 
-    def _run_record(self, cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def _run_record(
+        self, cells: Sequence[Mapping[str, Any]], ran_controls: Sequence[Mapping[str, Any]]
+    ) -> dict[str, Any]:
         """Timings, cached cells and which workers served which cells, and the time breakdown from them."""
         pool = self._pool
         record: dict[str, Any] = {
@@ -399,5 +453,5 @@ class Runner:
             "cached_cells": self.cached,
             "workers": [w.record(pool.t0) for w in pool.workers] if pool else [],
         }
-        record["breakdown"] = breakdown(cells, record)
+        record["breakdown"] = breakdown(cells, record, ran_controls)
         return record
