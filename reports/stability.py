@@ -5,7 +5,7 @@ each run's ``results.json`` and writes ``stability.json`` and ``stability.md``:
 how many cells every run has, how many kept their verdict, and for each cell
 that changed (or is missing from a run) its verdict, seed and reason per run.
 It also lists the *closest calls*: the passing cells whose numbers came
-nearest the tolerance bound (``op_ulps / allowed_ulps`` of the correctness and
+nearest the tolerance bound (:func:`margin`, from the correctness and
 gradients comparisons, worst over the runs), because a bound that verdicts
 sit close to is one that flips on another seed.
 
@@ -32,7 +32,14 @@ CLOSEST = 15
 
 
 def margin(cell: CellResult) -> float | None:
-    """Worst ``op_ulps / allowed_ulps`` over the cell's numeric comparisons (None: none recorded)."""
+    """Worst distance to the bound over the cell's numeric comparisons (None: none recorded).
+
+    A comparison passes within ``allowed_ulps`` *or* within the absolute floor
+    (``op_err <= allowed``, :mod:`validators.tolerance`), so its distance is the
+    smaller of ``op_ulps / allowed_ulps`` and ``op_err / allowed``: a float32
+    output at 0.98 of its ulp bound and a tenth of its absolute floor is not
+    close to flipping.
+    """
     worst: float | None = None
     for check in cell.checks:
         if check.name not in NUMERIC_CHECKS:
@@ -42,6 +49,9 @@ def margin(cell: CellResult) -> float | None:
             if not allowed or comp.get("problem") or comp.get("op_nonfinite"):
                 continue
             ratio = float(comp.get("op_ulps", 0.0)) / float(allowed)
+            floor = comp.get("allowed")
+            if floor:
+                ratio = min(ratio, float(comp.get("op_err", 0.0)) / float(floor))
             worst = ratio if worst is None else max(worst, ratio)
     return worst
 
@@ -135,7 +145,7 @@ def markdown(stab: Stability) -> str:
             lines.append(f"| `{cid}` | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
         lines.append("")
     if doc["closest_calls"]:
-        lines += ["## Closest calls (passing cells, worst op_ulps / allowed_ulps over the runs)", ""]
+        lines += ["## Closest calls (passing cells, worst distance to the bound over the runs)", ""]
         lines += [f"- `{c['id']}`: {c['margin']:.2f}" for c in doc["closest_calls"]]
         lines.append("")
     return "\n".join(lines)

@@ -84,6 +84,20 @@ def test_margin_is_the_worst_numeric_comparison() -> None:
     assert margin(CellResult(cell("y"), Verdict.SKIP, {})) is None
 
 
+def test_margin_counts_the_absolute_floor_a_comparison_passes_by() -> None:
+    """float32 layer_norm on the H200: 11.9 of 12.1 ulps allowed, but 1.6e-6 of a 2e-5 floor."""
+    comp = {"op_ulps": 11.93, "allowed_ulps": 12.11, "op_err": 1.64e-6, "allowed": 2e-5}
+    r = CellResult(
+        cell("f"), Verdict.PASS, {}, [CheckResult("correctness", Verdict.PASS, "", {"comparisons": [comp]})]
+    )
+    assert margin(r) == 1.64e-6 / 2e-5
+    tight = {**comp, "op_err": 1.9e-5}  # near both bounds: near flipping
+    r2 = CellResult(
+        cell("g"), Verdict.PASS, {}, [CheckResult("correctness", Verdict.PASS, "", {"comparisons": [tight]})]
+    )
+    assert margin(r2) == 1.9e-5 / 2e-5
+
+
 @pytest.mark.integration
 def test_unreadable_results_and_usage(tmp_path: Path) -> None:
     (tmp_path / "bad").mkdir()
