@@ -62,10 +62,26 @@ def test_only_settled_verdicts_are_stored(tmp_path: Path) -> None:
         cell = Cell("fx_segv", "native", "2.13.0", "none", "cpu", "fp32", "contiguous", "eager", f"s{i}")
         cache.put(CellResult(cell, verdict, {"env_key": "k"}, seed=i), spec)
         hit = cache.get(cell, spec)
-        stored = verdict in (Verdict.PASS, Verdict.FAIL, Verdict.FALLBACK, Verdict.UNSUPPORTED)
-        assert (hit is not None) == stored, verdict
+        settled = (Verdict.PASS, Verdict.FAIL, Verdict.FALLBACK, Verdict.UNSUPPORTED, Verdict.ENVIRONMENT)
+        assert (hit is not None) == (verdict in settled), verdict
         if hit is not None:
             assert (hit.id, hit.seed) == (cell.id, i)
+
+
+def test_a_failed_control_is_stored_only_beside_the_cell_it_explains(tmp_path: Path) -> None:
+    spec = Spec(make_ops(tmp_path) / "fx_segv" / "spec.yaml")
+    cache = VerdictCache(tmp_path / "cache", environment_identity([], {}))
+    control = Cell("fx_segv", "control", "2.13.0", "none", "cpu", "fp32", "contiguous", "aoti")
+    crashed = CellResult(control, Verdict.ERROR, {"env_key": "k"}, reason="worker killed by SIGSEGV")
+    cache.put(crashed, spec)  # a crash alone is not settled: the next run tries again
+    assert cache.get(control, spec) is None
+    cache.put(crashed, spec, explains=True)
+    hit = cache.get(control, spec)
+    assert hit is not None
+    assert hit.reason == "worker killed by SIGSEGV"
+    op_cell = Cell("fx_segv", "native", "2.13.0", "none", "cpu", "fp32", "contiguous", "aoti")
+    cache.put(CellResult(op_cell, Verdict.ERROR, {"env_key": "k"}), spec, explains=True)
+    assert cache.get(op_cell, spec) is None  # only controls explain: an op's own error is never kept
 
 
 def opgate_run(ops: Path, out: Path, cache: Path, *extra: str) -> dict[str, Any]:

@@ -79,6 +79,13 @@ def _version(dist: str) -> str:
         return "absent"
 
 
+@functools.cache
+def _platform() -> str:
+    """``Linux-6.8.0-x86_64-glibc-2.36``: what ``platform.platform()`` says, without its ``uname -p``
+    child process (it iterates ``uname()``, whose ``processor`` runs one on Linux)."""
+    return "-".join([platform.system(), platform.release(), platform.machine(), *platform.libc_ver()])
+
+
 def environment_identity(gpus: Iterable[Mapping[str, Any]], nvcc: Mapping[str, str]) -> dict[str, Any]:
     """What a verdict depends on in the environment, known before any worker starts."""
     return {
@@ -86,7 +93,7 @@ def environment_identity(gpus: Iterable[Mapping[str, Any]], nvcc: Mapping[str, s
         "triton": _version("triton"),
         "python": platform.python_version(),
         "executable": sys.executable,
-        "platform": platform.platform(),
+        "platform": _platform(),
         "gpus": [{k: g.get(k) for k in ("name", "capability")} for g in gpus],
         "nvcc": dict(sorted(nvcc.items())),
     }
