@@ -119,6 +119,8 @@ LINT_COMMANDS: tuple[tuple[str, ...], ...] = (
 PYTEST_PARALLEL: tuple[str, ...] = ("-n", os.environ.get("OPGATE_TEST_WORKERS", "auto"), "--dist", "loadfile")
 #: Coverage of the stages and ops measured in the test processes ([tool.coverage] in pyproject.toml).
 PYTEST_COVERAGE: tuple[str, ...] = ("--cov", "--cov-report=term:skip-covered")
+#: The slowest tests, listed at the end of every run: what to look at first when CI gets slow.
+PYTEST_DURATIONS: tuple[str, ...] = ("--durations=30",)
 #: What a session needs beyond Python packages, on a bare Debian/Ubuntu machine: command -> package.
 #: chromium: the HTML report's browser test; shellcheck: actionlint checks workflows' run: scripts.
 SYSTEM_PACKAGES: dict[str, dict[str, str]] = {
@@ -352,7 +354,8 @@ def tests(session: nox.Session) -> None:
     provision(session)
     install_torch_env(session, TEST_TORCH)
     session.install(*EXTRAS["test"])
-    session.run("python", "-m", "pytest", *PYTEST_PARALLEL, *PYTEST_COVERAGE, *session.posargs)
+    pytest = ("python", "-m", "pytest", *PYTEST_PARALLEL, *PYTEST_COVERAGE, *PYTEST_DURATIONS)
+    session.run(*pytest, *session.posargs)
 
 
 @nox.session(reuse_venv=True)
