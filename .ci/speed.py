@@ -135,6 +135,23 @@ def _row(r: dict[str, Any]) -> str:
     )
 
 
+def _summary(
+    args: argparse.Namespace, run_args: list[str], records: list[dict[str, Any]], runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What ``speed.json`` holds: the arguments, the probe, each scenario and every repeat."""
+    return {
+        "argv": run_args,
+        "probe": f"{args.probe}: {PROBE_LINE.strip()}",
+        "cpus": os.cpu_count(),
+        "scenarios": records,
+        "all_runs": runs,
+    }
+
+
+def _write(out: Path, summary: dict[str, Any]) -> None:
+    (out / "speed.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
 def _scenarios(
     args: argparse.Namespace, out: Path, run_args: list[str], env: dict[str, str]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -144,8 +161,7 @@ def _scenarios(
     nothing: list[dict[str, Any]] = []
 
     def save() -> None:
-        partial = {"argv": run_args, "cpus": os.cpu_count(), "scenarios": records, "all_runs": one + nothing}
-        (out / "speed.json").write_text(json.dumps(partial, indent=1) + "\n")
+        _write(out, _summary(args, run_args, records, one + nothing))
 
     if not args.skip_cold:
         records.append(_run("cold", out, run_args, env))
@@ -196,16 +212,10 @@ def main() -> int:
         shutil.rmtree(caches, ignore_errors=True)
     shutil.rmtree(out / "runs", ignore_errors=True)
     records, one, nothing = _scenarios(args, out, run_args, env)
-    summary: dict[str, Any] = {
-        "argv": run_args,
-        "probe": f"{args.probe}: {PROBE_LINE.strip()}",
-        "cpus": os.cpu_count(),
-        "scenarios": records,
-        "all_runs": one + nothing,
-    }
+    summary = _summary(args, run_args, records, one + nothing)
     if args.import_profile:
         summary["preload_profile"] = _preload_profile(env, args.import_profile)
-    (out / "speed.json").write_text(json.dumps(summary, indent=1) + "\n")
+    _write(out, summary)
     by = {r["scenario"]: r for r in records}
     lines = [
         "| scenario | cells | process wall | run wall | CPU | lanes | work (s) | harness | load |",

@@ -38,6 +38,7 @@ from opgate.matrix.cell import Cell
 from opgate.matrix.errors import ResultsFormatError
 from opgate.matrix.sources import OPGATE_DIR, op_source_files, source_files
 from opgate.matrix.spec_schema import CONTROL_IMPL
+from opgate.validators.env import platform_name
 from opgate.validators.result import CellResult, Verdict
 
 CACHE_VERSION = 1
@@ -79,13 +80,6 @@ def _version(dist: str) -> str:
         return "absent"
 
 
-@functools.cache
-def _platform() -> str:
-    """``Linux-6.8.0-x86_64-glibc-2.36``: what ``platform.platform()`` says, without its ``uname -p``
-    child process (it iterates ``uname()``, whose ``processor`` runs one on Linux)."""
-    return "-".join([platform.system(), platform.release(), platform.machine(), *platform.libc_ver()])
-
-
 def environment_identity(gpus: Iterable[Mapping[str, Any]], nvcc: Mapping[str, str]) -> dict[str, Any]:
     """What a verdict depends on in the environment, known before any worker starts."""
     return {
@@ -93,7 +87,7 @@ def environment_identity(gpus: Iterable[Mapping[str, Any]], nvcc: Mapping[str, s
         "triton": _version("triton"),
         "python": platform.python_version(),
         "executable": sys.executable,
-        "platform": _platform(),
+        "platform": platform_name(),
         "gpus": [{k: g.get(k) for k in ("name", "capability")} for g in gpus],
         "nvcc": dict(sorted(nvcc.items())),
     }

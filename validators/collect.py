@@ -75,18 +75,6 @@ def write_run(run: RunResults, out: Path) -> dict[str, Any]:
     return doc
 
 
-def _linked(records: list[CellResult], finished: dict[str, CellResult]) -> list[CellResult]:
-    """Each record beside its finished control, unless the run already put it there."""
-    out = []
-    for record in records:
-        control = controls.control_of(record.cell)
-        if control is not None and control.id in finished and not controls.is_linked(record):
-            out.append(controls.link(record, finished[control.id]))
-        else:
-            out.append(record)
-    return out
-
-
 def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted") -> RunResults:
     """Read ``out/cells/*.json`` (and ``skipped.jsonl``) and ``out/controls/*.json``; write ``results.json``
     and ``junit.xml``.
@@ -107,7 +95,8 @@ def collect(out: Path, argv: list[str] | None = None, note: str = "interrupted")
     planned = read_planned(out)
     done = {r.id for r in records}
     finished_controls = [_read(path) for path in sorted((out / "controls").glob("*.json"))]
-    records = _linked(records, {c.id: c for c in finished_controls})
+    by_id = {c.id: c for c in finished_controls}
+    records = [controls.linked(r, by_id) for r in records]
     run = RunResults(
         cells=sorted(records, key=lambda r: r.id),
         env=env,

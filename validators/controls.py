@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from opgate.matrix.cell import Cell
@@ -39,7 +40,17 @@ from opgate.validators.result import CellResult, CheckResult, Verdict
 if TYPE_CHECKING:
     from opgate.matrix.spec import ImplSpec, OpSpec
 
-__all__ = ["CONTROL_IMPL", "control_impl", "control_of", "failure_kind", "is_control", "is_linked", "link"]
+__all__ = [
+    "CONTROL_IMPL",
+    "control_impl",
+    "control_of",
+    "fails_alike",
+    "failure_kind",
+    "is_control",
+    "is_linked",
+    "link",
+    "linked",
+]
 
 #: Modes whose machinery (Dynamo/Inductor, CUDA graphs, torch.export, AOTInductor) can be broken
 #: by the environment independently of any op.  Eager has nothing between the op and torch.
@@ -122,18 +133,35 @@ def is_linked(result: CellResult) -> bool:
     return any(c.name == CONTROL_CHECK for c in result.checks)
 
 
+def _is_bad(control: CellResult) -> bool:
+    return control.verdict.is_bad or control.verdict is Verdict.ERROR
+
+
+def fails_alike(result: CellResult, control: CellResult) -> bool:
+    """The control failed too, and the same way: ``result``'s failure is the environment's."""
+    mine = failure_kind(result)
+    return _is_bad(control) and mine is not None and mine == failure_kind(control)
+
+
+def linked(result: CellResult, finished: Mapping[str, CellResult]) -> CellResult:
+    """``result`` beside its control when that is among ``finished`` (by id) and not there yet."""
+    control = control_of(result.cell)
+    if control is None or control.id not in finished or is_linked(result):
+        return result
+    return link(result, finished[control.id])
+
+
 def link(result: CellResult, control: CellResult) -> CellResult:
     """``result`` with its control's outcome beside it, and ``environment`` when both failed alike."""
     checks = [c for c in result.checks if c.name != CONTROL_CHECK]
     mode = result.cell.mode
-    control_bad = control.verdict.is_bad or control.verdict is Verdict.ERROR
     control_why = control.reason or control.verdict.value
     details: dict[str, Any] = {
         "control": control.id,
         "verdict": control.verdict.value,
         "reason": control.reason,
     }
-    if not control_bad:
+    if not _is_bad(control):
         check = CheckResult(
             CONTROL_CHECK,
             Verdict.PASS,
@@ -142,7 +170,7 @@ def link(result: CellResult, control: CellResult) -> CellResult:
         )
         return dataclasses.replace(result, checks=[*checks, check])
     mine, theirs = failure_kind(result), failure_kind(control)
-    same = mine is not None and mine == theirs
+    same = fails_alike(result, control)
     details = {**details, "op_failure": mine, "control_failure": theirs, "same_failure": same}
     if not same:
         summary = f"{mode} is broken here for the op's reference too ({control.id}: {control_why})"

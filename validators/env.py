@@ -18,6 +18,7 @@ environment.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -206,6 +207,13 @@ def _cudnn_version(torch: Any) -> int | None:
         return None
 
 
+@functools.cache
+def platform_name() -> str:
+    """``Linux-6.8.0-x86_64-glibc-2.36``: what ``platform.platform()`` says, without its ``uname -p``
+    child process (it iterates ``uname()``, whose ``processor`` runs one on Linux)."""
+    return "-".join([platform.system(), platform.release(), platform.machine(), *platform.libc_ver()])
+
+
 def fingerprint() -> Fingerprint:
     """Facts about the running interpreter's environment (imports torch)."""
     import torch
@@ -224,7 +232,7 @@ def fingerprint() -> Fingerprint:
         gpu_capability=gpus[0]["capability"] if gpus else None,
         gpus=tuple(gpus),
         python=platform.python_version(),
-        platform=platform.platform(),
+        platform=platform_name(),
         machine=platform.machine(),
         cpu_count=os.cpu_count(),
         hostname_hash=hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12],

@@ -10,7 +10,8 @@ cell's final failure would, and the cell waits (:class:`RetryGate`); when the
 control is in, the cell is re-run if the control passed or failed otherwise,
 and recorded as it is if the control failed alike.  A cell whose control cannot
 run here, or whose failure no control can explain (wrong numbers, an evidence
-failure: :func:`validators.controls.failure_kind` is None), is re-run at once.
+failure: :func:`validators.controls.failure_kind` is None), is re-run at once;
+"alike" is :func:`validators.controls.fails_alike`, the rule ``link`` applies.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opgate.validators.attempts import AttemptView, merge_attempts
-from opgate.validators.controls import failure_kind
-from opgate.validators.result import CellResult, Verdict
+from opgate.validators.result import CellResult
 
 if TYPE_CHECKING:
     from opgate.matrix.cell import Cell
@@ -29,17 +29,9 @@ if TYPE_CHECKING:
 
 
 def provisional(cell: Cell, views: list[AttemptView]) -> CellResult:
-    """The cell's result if it were recorded now (for :func:`failure_kind`; never stored)."""
+    """The cell's result if it were recorded now (to compare with its control; never stored)."""
     verdict, checks, kernels, reason = merge_attempts(views)
     return CellResult(cell, verdict, {}, checks, kernels, reason=reason)
-
-
-def explained(result: CellResult, control: CellResult) -> bool:
-    """The control failed too, and the same way: the failure is the environment's."""
-    if not (control.verdict.is_bad or control.verdict is Verdict.ERROR):
-        return False
-    mine = failure_kind(result)
-    return mine is not None and mine == failure_kind(control)
 
 
 @dataclass

@@ -69,6 +69,11 @@ if TYPE_CHECKING:
 Settle: TypeAlias = "Callable[[Task, list[AttemptView]], list[Task]]"
 
 
+def _rerun(task: Task) -> Task:
+    """The task's next attempt, in a fresh worker."""
+    return replace(task, attempt=task.attempt + 1, fresh=True)
+
+
 def _say(text: str) -> None:
     """Print the summary; a closed stdout (``| head``) must not turn a finished run into a traceback."""
     try:
@@ -174,8 +179,11 @@ class Runner:
         for cached in [self.results[i] for i in self.cached]:  # a cached failure needs its control too
             tasks[:0] = self._control_tasks(cached)
             control = controls.control_of(cached.cell)
-            explained = cached.verdict is Verdict.ENVIRONMENT and control is not None
-            if explained and control is not None and control.id not in self.controls:
+            if (
+                cached.verdict is Verdict.ENVIRONMENT
+                and control is not None
+                and control.id not in self.controls
+            ):
                 self._serve_cached(control)  # stored beside it: the control that explains it
         self.timings["plan_s"] = time.monotonic() - t0
         if tasks:
@@ -310,33 +318,34 @@ class Runner:
 
     def _retry_or_wait(self, task: Task, views: list[AttemptView], settle: Settle) -> list[Task]:
         """A re-run now, or the control first and the re-run after it (:mod:`validators.retry_gate`)."""
-        retry = [replace(task, attempt=task.attempt + 1, fresh=True)]
         control = controls.control_of(task.cell)
         mine = retry_gate.provisional(task.cell, views)
         if control is None or controls.failure_kind(mine) is None:
-            return retry
-        scheduled = [] if control.id in self.controls else self._control_tasks(mine)
+            return [_rerun(task)]
+        scheduled = self._control_tasks(mine)
+        parked = retry_gate.Parked(task, views)
         if control.id in self.controls:  # in already, or served from the verdict cache just now
-            return settle(task, views) if retry_gate.explained(mine, self.controls[control.id]) else retry
+            return self._after_control(parked, settle)
         if control.id not in self._controls_running:  # no control can run here
-            return retry
+            return [_rerun(task)]
         self._gate.park(control.id, task, views)
         return scheduled
 
     def _after_control(self, parked: retry_gate.Parked, settle: Settle) -> list[Task]:
+        """Recorded as it is when its control failed alike, re-run otherwise."""
         task, views = parked.task, parked.views
         control = controls.control_of(task.cell)
-        assert control is not None  # only cells of controlled modes are parked
-        if retry_gate.explained(retry_gate.provisional(task.cell, views), self.controls[control.id]):
+        assert control is not None  # only cells of controlled modes wait on a control
+        if controls.fails_alike(retry_gate.provisional(task.cell, views), self.controls[control.id]):
             return settle(task, views)
-        return [replace(task, attempt=task.attempt + 1, fresh=True)]
+        return [_rerun(task)]
 
     def _control_tasks(self, result: CellResult) -> list[Task]:
         """The control a failed cell needs, once per group (none when cached, scheduled or not needed)."""
         control = controls.control_of(result.cell)
         if control is None or result.verdict not in controls.EXCUSABLE:
             return []
-        if control.id in self._scheduled_controls:
+        if control.id in self._scheduled_controls or control.id in self.controls:
             return []
         self._scheduled_controls[control.id] = result.cell
         if self._serve_cached(control):
@@ -353,16 +362,19 @@ class Runner:
         An ``environment`` cell is cached with its control (a cached one already carries it): the
         same sources in the same environment are the environment's again, without crashing twice.
         """
+        stored: set[str] = set()  # controls put beside an environment cell (one control, many cells)
         for result in list(self.results.values()):
-            control = controls.control_of(result.cell)
-            if control is None or control.id not in self.controls or controls.is_linked(result):
+            linked = controls.linked(result, self.controls)
+            if linked is result:
                 continue
-            linked = controls.link(result, self.controls[control.id])
-            if linked != result:
-                self._store(linked)
-            if linked.verdict is Verdict.ENVIRONMENT and self._cache is not None:
-                spec = self._specs[result.cell.op]
-                self._cache.put(linked, spec, self._log(result.cell))
+            self._store(linked)
+            control = controls.control_of(result.cell)
+            if linked.verdict is not Verdict.ENVIRONMENT or self._cache is None or control is None:
+                continue
+            spec = self._specs[result.cell.op]
+            self._cache.put(linked, spec, self._log(result.cell))
+            if control.id not in stored:
+                stored.add(control.id)
                 self._cache.put(self.controls[control.id], spec, self._log(control), explains=True)
 
     def _remember(self, run: RunResults) -> None:
@@ -442,7 +454,7 @@ class Runner:
         write_json(self.out / "cells" / f"{result.id}.json", result.to_json(), indent=None)
 
     def _run_record(
-        self, cells: Sequence[Mapping[str, Any]], ran_controls: Sequence[Mapping[str, Any]]
+        self, cells: Sequence[Mapping[str, Any]], control_docs: Sequence[Mapping[str, Any]]
     ) -> dict[str, Any]:
         """Timings, cached cells and which workers served which cells, and the time breakdown from them."""
         pool = self._pool
@@ -453,5 +465,5 @@ class Runner:
             "cached_cells": self.cached,
             "workers": [w.record(pool.t0) for w in pool.workers] if pool else [],
         }
-        record["breakdown"] = breakdown(cells, record, ran_controls)
+        record["breakdown"] = breakdown(cells, record, control_docs)
         return record
