@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 #: How far a worker process is trusted after a cell of the mode (see validators.device):
-#: ``reuse`` the next cell shares the worker; ``contain`` it does only while cells pass;
-#: ``isolate`` a fresh worker per cell.
-WorkerPolicy = Literal["reuse", "contain", "isolate"]
+#: ``reuse`` the next cell shares the worker; ``isolate`` a fresh worker per cell.
+WorkerPolicy = Literal["reuse", "isolate"]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import pytest
 
 from opgate.matrix.cell import Cell
 from opgate.validators.device import Gpu
+from opgate.validators.lanes import Lane
 from opgate.validators.pool import Attempt, Pool, Task
 from opgate.validators.workerproc import WorkerConfig, visible_device
 
@@ -72,6 +73,46 @@ def test_one_worker_per_gpu_each_seeing_only_its_gpu(tmp_path: Path) -> None:
     kinds = sorted(w.kind for w in pool.workers)
     assert kinds == ["cpu", "cuda", "cuda", "cuda"]  # reused: one worker per lane
     assert all(w.proc.returncode is not None for w in pool.workers)
+
+
+def test_a_host_lane_takes_its_own_cells_first_then_borrows_its_gpu() -> None:
+    h200 = Gpu(0, "NVIDIA H200", "9.0")
+    cuda, build = task(Path("/t"), "sm_90"), task(Path("/t"), shapes="b")
+    build.kind = "build"
+    lending = Lane("cpu0", gpu=h200, host=True)
+    assert lending.pick([cuda, build]) is build  # builds first, though later in the order
+    assert lending.pick([cuda]) is cuda
+    assert Lane("cpu0", host=True).pick([cuda]) is None  # no GPU lent: host cells only
+    assert Lane("gpu0", gpu=h200).pick([build]) is None  # a GPU lane never takes host cells
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("gpu_workers", [1, 2])
+def test_host_lanes_join_the_gpu_only_where_it_is_shared(tmp_path: Path, gpu_workers: int) -> None:
+    """After its host cells, a host lane runs cuda cells (seeing the GPU), unless the GPU has one worker."""
+    gpus = [Gpu(0, "NVIDIA H200", "9.0")]
+    cuda = [task(tmp_path, "sm_90", shapes=f"s{i}") for i in range(8)]
+    cpu = [task(tmp_path, "cpu", shapes="c")]
+    config = WorkerConfig(logs=tmp_path / "workers", module=FAKE, threads=3)
+    pool = Pool(config, host_lanes=1, gpus=gpus, gpu_workers=gpu_workers)
+    done: dict[str, Attempt] = {}
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        done[t.cell.id] = a
+        return []
+
+    pool.run([*cuda, *cpu], on_done)
+    assert done[cpu[0].cell.id].worker.startswith("cpu-cpu0-")
+    assert probe(done[cpu[0].cell.id])["CUDA_VISIBLE_DEVICES"] == ""
+    on_host = [t for t in cuda if done[t.cell.id].worker.startswith("cuda-cpu0-")]
+    if gpu_workers == 1:
+        assert not on_host
+    else:
+        assert on_host  # the host lane's first lane-order turn after its own cell
+        for t in on_host:
+            assert probe(done[t.cell.id])["CUDA_VISIBLE_DEVICES"] == "0"
+            assert probe(done[t.cell.id])["TRITON_INTERPRET"] is None
+    assert all(done[t.cell.id].outcome["checks"][0]["status"] == "pass" for t in cuda)
 
 
 def test_visible_device_maps_through_the_parents_list() -> None:
@@ -150,24 +191,6 @@ def test_kept_spare_is_warm_before_a_failure_asks_for_a_rerun(tmp_path: Path) ->
     assert rerun_pid != first_pid  # a fresh process for the re-run...
     rerun_worker = next(w for w in pool.workers if w.pid == rerun_pid)
     assert rerun_worker.started < first_done  # ...started before the failure came back
-
-
-@pytest.mark.integration
-def test_contained_cells_share_a_worker_until_one_does_not_pass(tmp_path: Path) -> None:
-    """CUDA-graph cells reuse the worker while they pass; a failure retires it before the next cell."""
-    tasks = [
-        task(tmp_path, shapes="a", contain=True),
-        task(tmp_path, shapes="b", contain=True),
-        task(tmp_path, layout="misaligned", dtype="fp16", contain=True),  # fails
-        task(tmp_path, shapes="c", contain=True),
-        task(tmp_path, shapes="d"),
-    ]
-    pool, done = run_pool(tmp_path, tasks)
-    pids = [probe(done[t.cell.id])["pid"] for t in tasks]
-    assert pids[0] == pids[1] == pids[2]  # passing contained cells kept their worker
-    assert pids[3] != pids[2]  # the failed one retired it
-    assert pids[4] == pids[3]
-    assert any(w.end == "contained cell did not pass" for w in pool.workers)
 
 
 def test_the_run_fingerprint_is_a_gpu_workers_when_one_said_hello(tmp_path: Path) -> None:

@@ -94,6 +94,7 @@ def test_lanes_are_opened_only_for_work_that_keeps_them_busy(tmp_path: Path) -> 
     assert host_lanes(tasks, costs, jobs=2, gpu_lanes=6, history=measured) == 1  # 6 s of builds, 8 s of GPU
     assert host_lanes(tasks, costs, jobs=2, gpu_lanes=12, history=measured) == 2  # the GPUs finish in 4 s
     assert host_lanes(tasks, costs, jobs=2, gpu_lanes=6, history=History(None, {})) == 2  # guesses: all
+    assert host_lanes(tasks, costs, jobs=2, gpu_lanes=6, history=measured, lend=True) == 2  # none idles
     assert host_lanes(builds, costs, jobs=2, gpu_lanes=0, history=measured) == 2  # a CPU-only machine
 
 
@@ -131,7 +132,9 @@ def test_cells_spread_over_every_visible_gpu_by_measured_cost(tmp_path: Path) ->
     assert seen == {'"0"', '"1"', '"2"', '"3"'}
     # ideal makespan: 3.2 + 2.4 s of work on 8 lanes = 0.7 s; LPT gives 0.8 s plus start-up
     assert wall < 0.8 + 2.5
-    assert len({w.name.split("-")[1] for w in pool.workers}) == 8  # all eight lanes served cells
+    lanes = {w.name.split("-")[1] for w in pool.workers}
+    assert len(lanes - {"cpu0"}) == 8  # all eight GPU lanes served cells...
+    assert "cpu0" in lanes  # ...and the host lane, with no host cell to run, joined them
 
 
 def test_visible_devices_of_a_restricted_parent_map_through(monkeypatch: pytest.MonkeyPatch) -> None:

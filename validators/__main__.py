@@ -45,7 +45,12 @@ def parser() -> argparse.ArgumentParser:
         "--ops-path", action="append", default=[], type=Path, metavar="DIR", help="more op specs"
     )
     run.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
-    run.add_argument("--jobs", type=_positive(int), help="host worker processes (default: half the cores)")
+    run.add_argument(
+        "--jobs",
+        type=_positive(int),
+        help="host worker processes (default: half the cores); with --gpu-workers >1 they take cuda "
+        "cells once no host cell is left",
+    )
     run.add_argument(
         "--gpu-workers",
         type=_positive(int),

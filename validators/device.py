@@ -31,8 +31,7 @@ from opgate.matrix.modes import mode as mode_of
 #: How far a worker is trusted after a cell is the mode's ``worker`` policy
 #: (:mod:`opgate.matrix.modes`): ``isolate`` (AOTInductor loaders that segfault,
 #: loaded .so files, CUDA graph trees' process-wide state) gets a fresh worker per
-#: cell; ``contain`` shares a reusable worker only while cells pass, so state from
-#: a failed cell never reaches the next one.  ``build`` cells are reused: nvcc, Triton's
+#: cell.  ``build`` cells are reused: nvcc, Triton's
 #: cross-compile and cuobjdump all run in child processes, so a build worker's
 #: own state never changes.
 
@@ -58,7 +57,6 @@ class Placement:
     skip_reason: str = ""
     arch: str = "cpu"  # cuda cells: GPUs with this arch may run it
     isolate: bool = False
-    contain: bool = False  # reusable worker, retired unless the cell passes
 
 
 def installed_torch() -> str | None:
@@ -193,7 +191,7 @@ def place(
         return Placement("cpu", isolate=isolate)
     if not any(g.arch == cell.arch for g in gpus):
         return Placement(None, f"no {cell.arch} device here")
-    return Placement("cuda", arch=cell.arch, isolate=isolate, contain=policy.worker == "contain")
+    return Placement("cuda", arch=cell.arch, isolate=isolate)
 
 
 def default_jobs() -> int:

@@ -7,13 +7,13 @@ the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from opgate.matrix.cell import Cell
 from opgate.validators.device import Gpu
-from opgate.validators.result import CheckResult, Verdict, combine
 from opgate.validators.workerproc import WorkerProcess
 
 
@@ -31,7 +31,6 @@ class Task:
     attempt: int = 1
     memory_mb: int | None = None  # the worker's private-memory limit while it runs this cell
     fresh: bool = False  # run in a throw-away worker
-    contain: bool = False  # retire the (reusable) worker unless this cell passes
 
 
 @dataclass
@@ -49,8 +48,17 @@ class Attempt:
 
 @dataclass
 class Lane:
+    """One cell at a time: a host lane runs cpu and build cells, a GPU lane its GPU's cuda cells.
+
+    A host lane given a ``gpu`` *borrows* it: it takes that GPU's cuda cells
+    once no host cell is waiting (:meth:`pick`), so on a GPU machine the build
+    lanes do not sit idle after the builds (the pool lends only where several
+    workers share each GPU already: a run that gives a GPU one worker keeps it so).
+    """
+
     name: str
     gpu: Gpu | None = None
+    host: bool = False
     reusable: WorkerProcess | None = None
     spare: WorkerProcess | None = None
     current: WorkerProcess | None = None
@@ -59,24 +67,19 @@ class Lane:
     deadline: float = 0.0
 
     def can_run(self, task: Task) -> bool:
-        if self.gpu is None:
-            return task.kind in ("cpu", "build")
-        return task.kind == "cuda" and task.arch == self.gpu.arch
+        if task.kind in ("cpu", "build"):
+            return self.host
+        return task.kind == "cuda" and self.gpu is not None and task.arch == self.gpu.arch
 
-
-def all_ok(outcome: dict[str, Any]) -> bool:
-    """The attempt's verdict is not bad (``Verdict.is_bad``), from the worker's wire outcome.
-
-    The worker may leave the verdict to its checks (``verdict`` None): then it is
-    :func:`validators.result.combine` of them, as for the recorded result.
-    """
-    try:
-        raw = outcome.get("verdict")
-        checks = [CheckResult.from_json(c) for c in outcome.get("checks") or []]
-        verdict = Verdict(raw) if raw else combine(checks)
-    except (KeyError, TypeError, ValueError):
-        return False  # an outcome that does not parse is the cell's error
-    return not verdict.is_bad
+    def pick(self, pending: Iterable[Task]) -> Task | None:
+        """The next task for this lane: a host lane's own cells before any cuda cell it may borrow."""
+        borrowed = None
+        for task in pending:
+            if self.can_run(task):
+                if not (self.host and task.kind == "cuda"):
+                    return task
+                borrowed = borrowed or task
+        return borrowed
 
 
 def usable(worker: WorkerProcess | None, kind: str) -> bool:

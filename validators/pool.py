@@ -1,15 +1,17 @@
 """The worker pool: lanes of worker processes fed cells, watched for crashes and hangs.
 
 A *lane* runs one cell at a time: ``--jobs`` host lanes (cpu and build cells)
-and ``--gpu-workers`` lanes per visible GPU (cuda cells of that GPU's arch).  A
+and ``--gpu-workers`` lanes per visible GPU (cuda cells of that GPU's arch).
+With several workers per GPU, the host lanes also take cuda cells once no
+host cell waits (:class:`validators.lanes.Lane`): builds are few and early,
+and a build lane idle for the rest of the run is capacity nobody uses.  A
 lane keeps a reusable worker (torch imported once for many cells) and, for
-cells that must be isolated (AOTI, re-runs), a throw-away worker that is
-started while the previous cell still runs (a *spare*).  CUDA-graph cells are
-*contained*: they share the reusable worker while they pass, and one that does
-not pass retires it.  Workers are forked from a per-kind fork server
-(:mod:`validators.forkserver`) when the run allows, so a fresh worker costs
-milliseconds, not a torch import.  One thread, one ``select`` loop: no locks,
-and every deadline is checked in one place.
+cells that must be isolated (AOTI, CUDA graphs, re-runs), a throw-away worker
+that is started while the previous cell still runs (a *spare*).  Workers are
+forked from a per-kind fork server (:mod:`validators.forkserver`) when the run
+allows, so a fresh worker costs milliseconds, not a torch import.  One
+thread, one ``select`` loop: no locks, and every deadline is checked in one
+place.
 
 A worker that dies charges only the cell it was running: the attempt becomes
 ``error`` naming the signal ("worker killed by SIGSEGV"; a SIGKILL from outside,
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from opgate.validators.device import Gpu
-from opgate.validators.lanes import Attempt, Lane, Task, all_ok, usable
+from opgate.validators.lanes import Attempt, Lane, Task, usable
 from opgate.validators.workerproc import (
     Launcher,
     WorkerConfig,
@@ -69,7 +71,11 @@ class Pool:
         self.keep_spare = keep_spare  # re-runs are likely: keep a fresh worker warm on every busy lane
         self.t0 = time.monotonic()
         self.shutdown_s = 0.0
-        self.lanes = [Lane(f"cpu{i}") for i in range(max(1, host_lanes))]
+        lend = lends_gpus(gpus, gpu_workers)
+        self.lanes = [
+            Lane(f"cpu{i}", gpu=gpus[i % len(gpus)] if lend else None, host=True)
+            for i in range(max(1, host_lanes))
+        ]
         self.lanes += [
             Lane(f"gpu{g.index}" + (f".{k}" if k else ""), gpu=g)
             for k in range(max(1, gpu_workers))
@@ -111,7 +117,7 @@ class Pool:
     def _dispatch(self) -> None:
         for lane in self.lanes:
             while lane.task is None:
-                task = next((t for t in self._pending if lane.can_run(t)), None)
+                task = lane.pick(self._pending)
                 if task is None:
                     break
                 self._pending.remove(task)
@@ -153,7 +159,7 @@ class Pool:
         for lane in self.lanes:
             if lane.task is None or self._failures[lane.task.kind]:
                 continue
-            nxt = next((t for t in self._pending if lane.can_run(t)), None)
+            nxt = lane.pick(self._pending)
             spare_kind = nxt.kind if nxt is not None and nxt.fresh else None
             if (
                 spare_kind is None
@@ -214,7 +220,8 @@ class Pool:
             worker.send(msg)
 
     def _spawn(self, kind: str, lane: Lane) -> WorkerProcess:
-        worker = self.launcher.spawn(f"{kind}-{lane.name}-{len(self.workers) + 1}", kind, lane.gpu)
+        gpu = lane.gpu if kind == "cuda" else None
+        worker = self.launcher.spawn(f"{kind}-{lane.name}-{len(self.workers) + 1}", kind, gpu)
         self.workers.append(worker)
         self._sel.register(worker.fd, selectors.EVENT_READ, worker)
         return worker
@@ -253,9 +260,6 @@ class Pool:
                 self._retire(worker, "isolated cell done")
             elif not msg.get("healthy", True):
                 self._retire(worker, "unhealthy after cell")
-                lane.reusable = None
-            elif task.contain and not all_ok(outcome):
-                self._retire(worker, "contained cell did not pass")
                 lane.reusable = None
             self._finish(task, attempt)
 
@@ -357,6 +361,11 @@ class Pool:
         self.launcher.stop()
         self._sel.close()
         self.shutdown_s = time.monotonic() - t
+
+
+def lends_gpus(gpus: Sequence[Gpu], gpu_workers: int) -> bool:
+    """Host lanes join the GPU lanes only where the GPUs are shared already (several workers each)."""
+    return gpu_workers > 1 and bool(gpus)
 
 
 def _error(reason: str) -> dict[str, Any]:

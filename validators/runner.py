@@ -52,7 +52,7 @@ from opgate.validators.limits import memory_for, timeout_for
 from opgate.validators.options import RunOptions, repro_command
 from opgate.validators.outdir import clear_outputs, write_json
 from opgate.validators.outlock import OutputLock
-from opgate.validators.pool import Attempt, Pool, Task
+from opgate.validators.pool import Attempt, Pool, Task, lends_gpus
 from opgate.validators.progress import Progress, format_summary
 from opgate.validators.result import CellResult, RunResults, Verdict
 from opgate.validators.schedule import History, expected_costs, host_lanes, longest_first
@@ -278,7 +278,9 @@ class Runner:
         if self._launcher is None:  # a cached record that did not load: its kind had no server yet
             self._start_servers({t.kind for t in tasks})
         assert self._launcher is not None
-        host = host_lanes(tasks, costs, self._jobs(), len(self._gpus) * opts.gpu_workers, self._history)
+        lanes = len(self._gpus) * opts.gpu_workers
+        lend = lends_gpus(self._gpus, opts.gpu_workers)
+        host = host_lanes(tasks, costs, self._jobs(), lanes, self._history, lend=lend)
         self._pool = pool = Pool(
             self._launcher.config,
             host,
@@ -400,7 +402,6 @@ class Runner:
             log=self._log(cell),
             workdir=self.out / "work" / cell.id,
             fresh=placement.isolate,
-            contain=placement.contain,
         )
 
     def _log(self, cell: Cell) -> Path:

@@ -165,17 +165,27 @@ def gpu_makespan(costs: Iterable[float], lanes: int) -> float:
 
 
 def host_lanes(
-    tasks: Sequence[Task], costs: Mapping[str, float], jobs: int, gpu_lanes: int, history: History
+    tasks: Sequence[Task],
+    costs: Mapping[str, float],
+    jobs: int,
+    gpu_lanes: int,
+    history: History,
+    *,
+    lend: bool = False,
 ) -> int:
     """Host lanes (cpu and build cells) to open: ``--jobs``, fewer where measured costs say they would idle.
 
     Beside GPU lanes, the host cells (build cells on a GPU machine) need only
     as many lanes as finish them within the GPU lanes' own share; a second
     build lane idling for most of the run is capacity nobody uses.  Only
-    measured costs shrink the count: defaults are guesses.
+    measured costs shrink the count: defaults are guesses.  Where the pool
+    ``lend``s the GPUs to host lanes (:class:`validators.lanes.Lane`), a host
+    lane with no host cell left runs cuda cells: none idles, all are opened.
     """
     host = [costs[t.cell.id] for t in tasks if t.kind != "cuda"]
     cuda = [costs[t.cell.id] for t in tasks if t.kind == "cuda"]
+    if lend and cuda:
+        return max(1, min(jobs, len(tasks)))
     if not host:
         return 1
     measured = all(t.cell.id in history.durations for t in tasks)
