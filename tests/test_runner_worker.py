@@ -85,3 +85,35 @@ def test_sticky_device_error_fails_the_cell_and_the_worker(
 def test_unknown_op_is_an_error_not_a_crash(tmp_path: Path) -> None:
     reply = worker.run_task(task(tmp_path), {}, lambda *a: None, "cpu")
     assert reply["outcome"]["reason"] == "op 'op' has no spec in this worker"
+
+
+class FakeCuda:
+    """What :func:`worker.warm_cuda` touches of torch: an allocation on the device and a sync."""
+
+    def __init__(self, fail: str = "") -> None:
+        self.fail, self.calls = fail, list[str]()
+        self.cuda = self
+
+    def ones(self, n: int, device: str) -> FakeCuda:
+        self.calls.append(f"ones({n}, {device})")
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return self
+
+    def add_(self, x: int) -> FakeCuda:
+        self.calls.append(f"add_({x})")
+        return self
+
+    def synchronize(self) -> None:
+        self.calls.append("synchronize")
+
+
+def test_a_cuda_worker_makes_its_context_before_hello_and_survives_a_dead_device(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ok = FakeCuda()
+    worker.warm_cuda(ok)
+    assert ok.calls == ["ones(1, cuda)", "add_(1)", "synchronize"]  # a kernel ran: the context exists
+    dead = FakeCuda("CUDA error: no CUDA-capable device is detected")
+    worker.warm_cuda(dead)  # the worker still says hello; the cell reports the device
+    assert "CUDA did not start before the first cell: CUDA error: no CUDA-capable" in capsys.readouterr().err

@@ -7,20 +7,11 @@ nothing here imports torch at module import)::
 
 Each check is a small module exposing ``CHECKS``: a tuple of
 :class:`validators.checks.base.Check` (``name``, ``applies(ctx) -> str | None``,
-eager       mutation, correctness, gradients, gradcheck, opcheck (4 sub-tests), fake_meta,
-            evidence, sass, perf
-compile     fake_meta, compile (fullgraph, breaks, recompiles), correctness, mutation, evidence, perf
-cudagraphs  fake_meta, cudagraphs (skip counts), correctness, evidence (the graph replay), perf
-export      fake_meta, export (op node kept, also after ``run_decompositions()``),
-            correctness, mutation, evidence (``ep.module()`` and the decomposed program)
-aoti        fake_meta, aoti (package + load + run), correctness, mutation, evidence (the loaded package's run)
-build       delegated to ``validators.checks.build.run_cell`` when installed
-=========== ==================================================================
-=======
 ``run(ctx) -> CheckResult``).  Each mode lists its checks, in run order, in
 its entry of :mod:`opgate.matrix.modes` (``Mode.checks``; ``build`` cells are
 delegated to ``validators.checks.build.run_cell``); a mode's own check, named
-like the mode, builds and judges its artifact (:mod:`.artifacts`).
+like the mode, builds and judges its artifact (:mod:`.artifacts`).  That mode
+table is the one place the list lives; README.md's "The checks" section describes it.
 
 Compile, cudagraphs and export cells run the op inside a small graph with a
 producer and a consumer (:mod:`validators.checks.opgraph`), the reference
