@@ -70,7 +70,8 @@ def test_outcome_is_passed_on_as_strict_json(tmp_path: Path) -> None:
 def test_sticky_device_error_fails_the_cell_and_the_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker, "_health", lambda kind: "sticky CUDA error after this cell: illegal address")
+    sticky = "sticky CUDA error after this cell: illegal address"
+    monkeypatch.setattr(worker, "_health", lambda kind, tidy: sticky)
 
     def run_cell(cell: Cell, spec: Any, device: str, seed: int, workdir: Path) -> CellOutcome:
         assert device == "cuda:0"  # a cuda worker sees only its own GPU
@@ -117,3 +118,25 @@ def test_a_cuda_worker_makes_its_context_before_hello_and_survives_a_dead_device
     dead = FakeCuda("CUDA error: no CUDA-capable device is detected")
     worker.warm_cuda(dead)  # the worker still says hello; the cell reports the device
     assert "CUDA did not start before the first cell: CUDA error: no CUDA-capable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_a_throw_away_workers_cell_skips_the_tidying_for_a_next_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, last: bool
+) -> None:
+    calls: list[str] = []
+
+    def health(kind: str, tidy: bool) -> str:
+        calls.append(f"health tidy={tidy}")
+        return ""
+
+    monkeypatch.setattr(worker, "_health", health)
+    monkeypatch.setattr(worker, "_reset_between_cells", lambda: calls.append("reset"))
+
+    def run_cell(cell: Cell, spec: Any, device: str, seed: int, workdir: Path) -> CellOutcome:
+        return CellOutcome([CheckResult("correctness", Verdict.PASS)])
+
+    reply = worker.run_task({**task(tmp_path), "last": last}, {"op": Spec()}, run_cell, "cuda")
+    assert reply["healthy"]  # the device is checked either way: a sticky error is still this cell's
+    assert calls == (["health tidy=False"] if last else ["health tidy=True", "reset"])
+    assert "=== cell " in (tmp_path / "cell.log").read_text()  # where its time went, in its log

@@ -215,6 +215,7 @@ class Pool:
             "workdir": str(task.workdir),
             "timeout_s": task.timeout_s,
             "memory_mb": task.memory_mb,
+            "last": worker is not lane.reusable,  # a throw-away worker: nothing to tidy for a next cell
         }
         with contextlib.suppress(OSError):  # the worker died: its EOF arrives through the selector
             worker.send(msg)

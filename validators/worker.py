@@ -117,8 +117,12 @@ def _output_to(path: Path) -> Iterator[None]:
             os.close(copy)
 
 
-def _health(kind: str) -> str:
-    """Why the device is no longer usable (a sticky CUDA error poisons every later cell), or ""."""
+def _health(kind: str, *, tidy: bool = True) -> str:
+    """Why the device is no longer usable (a sticky CUDA error poisons every later cell), or "".
+
+    ``tidy`` also hands the cell's cached blocks back for the next cell; a
+    throw-away worker (its last cell) skips that, and the between-cells reset.
+    """
     if kind != "cuda":
         return ""
     import torch
@@ -126,7 +130,8 @@ def _health(kind: str) -> str:
     try:
         torch.cuda.synchronize()
         torch.ones(1, device="cuda").add_(1).item()
-        torch.cuda.empty_cache()
+        if tidy:
+            torch.cuda.empty_cache()
     except Exception as exc:  # noqa: BLE001 - any failure here means the context is gone
         return f"sticky CUDA error after this cell: {type(exc).__name__}: {str(exc).splitlines()[0]}"
     return ""
@@ -201,10 +206,15 @@ def run_task(
                 over = limits.reason(int(memory_mb))
                 print(over, file=sys.stderr)
                 outcome, unhealthy = {**outcome, "verdict": "error", "reason": over}, over
-        unhealthy = unhealthy or _health(kind)
+        t_after = time.perf_counter()
+        last = bool(task.get("last"))
+        unhealthy = unhealthy or _health(kind, tidy=not last)
         if unhealthy:
             print(unhealthy, file=sys.stderr)
-        _reset_between_cells()
+        if not last:
+            _reset_between_cells()
+        after_s = time.perf_counter() - t_after
+        print(f"=== cell {t_after - t0:.2f} s, after it {after_s:.2f} s", file=sys.stderr)
     if unhealthy and outcome.get("reason") != unhealthy:
         outcome = {**outcome, "verdict": "error", "reason": unhealthy}
     return {

@@ -19,6 +19,7 @@ import contextlib
 import importlib.metadata
 import os
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -235,6 +236,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
 
     workdir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
+    t0 = time.perf_counter()
     with fresh_compiler_state(device == "cpu"), poisoned_allocations():
         try:
             ctx = build_context(cell, spec, device, seed, workdir)
@@ -245,6 +247,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
             return _setup_failed(cell, impl, exc)
         ctx.artifact = make_artifact(cell.mode, ctx.op, spec.dynamic_shapes, workdir)
         refused = _oracle_refused(ctx)
+        t_setup = time.perf_counter()
         if refused is not None:
             results = [refused]
         elif ctx.impl.unsupported_reason(cell.id) is not None:
@@ -259,5 +262,12 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
             unchecked = None if is_control(cell) else unchecked_evidence(results, device, cell.mode)
             if unchecked is not None:
                 results = [r for r in results if r.name != "evidence"] + [unchecked]
+        t_checks = time.perf_counter()
+    # where a slow cell's time went outside its checks (the checks time themselves), in its log
+    print(
+        f"=== set-up {t_setup - t0:.2f} s (op, inputs, oracle), checks {t_checks - t_setup:.2f} s, "
+        f"compiler reset {time.perf_counter() - t_checks:.2f} s",
+        file=sys.stderr,
+    )
     verdict = combine(results)
     return CellOutcome(results, list(ctx.kernels), _reason(results, verdict), None)
