@@ -141,6 +141,40 @@ def test_gradcheck_skips_ops_without_real_float64(tmp_path: Path) -> None:
     assert "not float64-accurate" in lossy.summary
 
 
+def test_a_wrong_backward_fails_gradcheck_without_torchs_slow_mode_rerun(tmp_path: Path) -> None:
+    """The same GradcheckError, minus torch's slow-mode Jacobians (seconds per failing cell)."""
+
+    class Doubled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(x, w)
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x, w = ctx.saved_tensors
+            with torch.enable_grad():
+                xd, wd = x.detach().requires_grad_(), w.detach().requires_grad_()
+                y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * wd
+                gx, gw = torch.autograd.grad(y, (xd, wd), g)
+            return 2 * gx, gw  # planted: twice the input's gradient
+
+    def wrong(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        return Doubled.apply(x, w)  # type: ignore[no-any-return, no-untyped-call]
+
+    module: Any = sys.modules["torch.autograd.gradcheck"]
+    original = module._run_slow_mode_and_get_error
+    failed = _gradcheck_with(wrong, tmp_path)
+    assert failed.status is Verdict.FAIL
+    assert "Jacobian mismatch" in failed.summary
+    assert "full Jacobians not recomputed" in failed.summary
+    assert module._run_slow_mode_and_get_error is original  # restored
+    x, w = torch.randn(3, 4, dtype=torch.float64, requires_grad=True), torch.randn(4, dtype=torch.float64)
+    leaves = (x, w.requires_grad_())
+    with pytest.raises(module.GradcheckError, match="slow mode"):  # torch's own, outside the check
+        torch.autograd.gradcheck(wrong, leaves, fast_mode=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("dtype", "layout", "mode"),

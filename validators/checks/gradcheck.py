@@ -14,10 +14,21 @@ and perturbs the inputs in place; an op that writes into either (declared or
 not) would make it measure its own side effects.  So the op gets a fresh copy
 of every incoming gradient, and a fresh copy of each input it declares it
 writes: this check judges the backward's arithmetic, :mod:`.mutation` the writes.
+
+When fast mode finds a mismatch, torch recomputes the full slow-mode
+Jacobians of every input only to print them (two forwards per input element:
+seconds per cell on a GPU's host, 3-8 s under the Triton interpreter, for a
+message of matrices nobody reads in a report).  The check runs without that
+recomputation (:func:`_without_slow_mode_message`): the same cells fail with
+the same exception and fast mode's own numbers; the reason says how to get
+the Jacobians.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -150,10 +161,33 @@ def run(ctx: CellContext) -> CheckResult:
     from torch.autograd.gradcheck import GradcheckError
 
     try:
-        torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=True)
+        with _without_slow_mode_message():
+            torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=True)
     except GradcheckError as exc:
         return CheckResult(NAME, Verdict.FAIL, f"gradcheck failed: {describe_exception(exc)}", details)
     return CheckResult(NAME, Verdict.PASS, f"gradcheck passed in float64 on shape {list(shape)}", details)
+
+
+#: What replaces torch's slow-mode Jacobians in a fast-mode failure's message.
+SLOW_MODE_NOTE = (
+    " (full Jacobians not recomputed; torch.autograd.gradcheck(fn, inputs, fast_mode=False) on the "
+    "repro's inputs prints them)"
+)
+
+
+@contextlib.contextmanager
+def _without_slow_mode_message() -> Iterator[None]:
+    """torch's gradcheck, minus the slow-mode recomputation it makes only for its error message."""
+    module = sys.modules.get("torch.autograd.gradcheck")
+    original = getattr(module, "_run_slow_mode_and_get_error", None)
+    if module is None or original is None:  # another torch: its message as it comes
+        yield
+        return
+    module._run_slow_mode_and_get_error = lambda *args, **kwargs: SLOW_MODE_NOTE  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        module._run_slow_mode_and_get_error = original  # type: ignore[attr-defined]
 
 
 CHECKS = (Check(NAME, applies, run),)
