@@ -261,20 +261,17 @@ def visible_device(index: int, parent: str | None = None) -> str:
     return listed[index] if index < len(listed) else str(index)
 
 
-#: Which fork server forks a worker of each kind when several kinds run.  A build worker does
-#: its work in child processes (nvcc, cuobjdump, a cross-compile per cell), so it can be forked
-#: from the cuda server a GPU run starts anyway (one torch import per run, not two).  Never from
-#: the cpu server: Triton imported under ``TRITON_INTERPRET=1`` cannot compile for a GPU.
-SHARES_SERVER: Mapping[str, tuple[str, ...]] = {"build": ("cuda",)}
-
-
 class Launcher:
     """Starts workers: forked from a preloaded fork server when configured, else fresh interpreters.
 
     The servers a run needs are started together, as soon as the runner knows
     which kinds of cells will run (their imports overlap with each other and
     with the runner's cache look-ups), and stopped after the last worker is
-    reaped.
+    reaped.  Each kind has its own server: a build server imports only torch
+    and Triton, so on a GPU run the build cells (and the nvcc builds the CUDA
+    C++ ops' cells would otherwise wait for) start while the cuda server is
+    still importing Dynamo and Inductor.  Never a build worker from the cpu
+    server: Triton imported under ``TRITON_INTERPRET=1`` cannot compile for a GPU.
     """
 
     def __init__(self, config: WorkerConfig) -> None:
@@ -284,16 +281,14 @@ class Launcher:
         self.preload_s: dict[str, float] = {}  # per server kind: its imports (run.json)
 
     def prestart(self, kinds: Sequence[str]) -> None:
-        """Start the servers for ``kinds`` (all the kinds the run needs, when known: see SHARES_SERVER)."""
+        """Start the servers for ``kinds`` (all the kinds the run needs, when known)."""
         if not self.config.fork_server:
             return
-        wanted = set(kinds) | set(self.route.values())
-        for kind in sorted(kinds, key=lambda k: k in SHARES_SERVER):
-            host = self.route.get(kind) or next((k for k in SHARES_SERVER.get(kind, ()) if k in wanted), kind)
-            self.route[kind] = host
-            if host not in self.servers:
-                log = self.config.logs / f"forkserver-{host}.log"
-                self.servers[host] = ForkServer(self.config.argv(host), self.config.env(host, None), log)
+        for kind in sorted(kinds):
+            self.route[kind] = kind
+            if kind not in self.servers:
+                log = self.config.logs / f"forkserver-{kind}.log"
+                self.servers[kind] = ForkServer(self.config.argv(kind), self.config.env(kind, None), log)
 
     def forks(self, kind: str) -> bool:
         """Whether workers of ``kind`` are forked (a server was started for it and has not failed)."""
