@@ -21,7 +21,7 @@ from opgate.matrix.cell import Cell
 from opgate.validators.device import Gpu
 from opgate.validators.lanes import Lane
 from opgate.validators.pool import Attempt, Pool, Task
-from opgate.validators.workerproc import WorkerConfig, visible_device
+from opgate.validators.workerproc import Launcher, WorkerConfig, visible_device
 
 FAKE = "tests.fixtures_runner.fake_worker"
 
@@ -113,6 +113,41 @@ def test_host_lanes_join_the_gpu_only_where_it_is_shared(tmp_path: Path, gpu_wor
             assert probe(done[t.cell.id])["CUDA_VISIBLE_DEVICES"] == "0"
             assert probe(done[t.cell.id])["TRITON_INTERPRET"] is None
     assert all(done[t.cell.id].outcome["checks"][0]["status"] == "pass" for t in cuda)
+
+
+class ImportingServer(Launcher):
+    """Fresh interpreters, but the cpu kind's server is 'still importing' until ``ready_at``."""
+
+    def __init__(self, config: WorkerConfig, ready_at: float) -> None:
+        super().__init__(config)
+        self.ready_at = ready_at
+
+    def startable(self, kind: str) -> bool:
+        return kind != "cpu" or time.monotonic() >= self.ready_at
+
+    def importing(self) -> bool:
+        return time.monotonic() < self.ready_at
+
+
+@pytest.mark.integration
+def test_a_lane_takes_a_cell_whose_server_is_ready_while_another_imports(tmp_path: Path) -> None:
+    """The cpu cell comes first in the order, but its server imports for 1.5 s: the build cell goes first."""
+    cpu, build = task(tmp_path, shapes="c"), task(tmp_path, shapes="b")
+    build.kind = "build"
+    config = WorkerConfig(logs=tmp_path / "workers", module=FAKE, threads=3)
+    t0 = time.monotonic()
+    pool = Pool(config, host_lanes=1, launcher=ImportingServer(config, ready_at=t0 + 1.5))
+    done: dict[str, float] = {}
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        assert a.outcome["checks"][0]["status"] == "pass", a.outcome  # never "no lane runs cpu cells"
+        done[t.cell.id] = time.monotonic() - t0
+        return []
+
+    pool.run([cpu, build], on_done)
+    assert done[build.cell.id] < 1.5  # it ran while the cpu server imported
+    assert done[cpu.cell.id] >= 1.5  # and the cpu cell once that server was ready
+    assert [w.kind for w in pool.workers] == ["build", "cpu"]
 
 
 def test_visible_device_maps_through_the_parents_list() -> None:

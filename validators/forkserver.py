@@ -181,6 +181,7 @@ class ForkServer:
         self.failed = ""
         self.preload_s = 0.0
         self.statuses: dict[int, int] = {}
+        self.started = time.monotonic()
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> bool:
         """Block until the imports are done; False (and ``failed`` says why) if they never finish."""
@@ -197,6 +198,26 @@ class ForkServer:
             self.ready = bool(msg.get("ready"))
             self.preload_s = float(msg.get("preload_s") or 0.0)
         return True
+
+    def poll_ready(self) -> bool:
+        """Whether a fork would start now, without waiting: imports done, or the server failed.
+
+        A failed server is "ready" too: its workers start at once, as fresh
+        interpreters.  The pool asks this before it starts a worker, so lanes
+        take cells whose server is ready instead of blocking on one that imports.
+        """
+        if self.ready or self.failed:
+            return True
+        msg = self._recv(0.0)
+        if msg is not None:
+            self.ready = bool(msg.get("ready"))
+            self.preload_s = float(msg.get("preload_s") or 0.0)
+            return self.ready
+        gone = self.proc.poll() is not None
+        if gone or time.monotonic() - self.started > READY_TIMEOUT_S:
+            self.wait_ready(0.0)  # a last message, or why it failed (forks then fall back)
+            return True
+        return False
 
     def fork(self, env: Mapping[str, str], log: Path, kind: str = "") -> ForkedProcess:
         """A worker of ``kind`` (default: the server's) in ``serve_loop``; OSError if the server is gone."""

@@ -7,7 +7,7 @@ the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,11 +71,16 @@ class Lane:
             return self.host
         return task.kind == "cuda" and self.gpu is not None and task.arch == self.gpu.arch
 
-    def pick(self, pending: Iterable[Task]) -> Task | None:
-        """The next task for this lane: a host lane's own cells before any cuda cell it may borrow."""
+    def pick(self, pending: Iterable[Task], startable: Callable[[Task], bool] | None = None) -> Task | None:
+        """The next task for this lane: a host lane's own cells before any cuda cell it may borrow.
+
+        With ``startable``, only tasks it accepts (their worker can start now):
+        a lane takes a build cell while the cuda server still imports, rather
+        than wait for it.
+        """
         borrowed = None
         for task in pending:
-            if self.can_run(task):
+            if self.can_run(task) and (startable is None or startable(task)):
                 if not (self.host and task.kind == "cuda"):
                     return task
                 borrowed = borrowed or task

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import selectors
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -96,7 +97,7 @@ class Pool:
             self.launcher.prestart(sorted({t.kind for t in self._pending}))
             while self._pending or self._busy():
                 self._dispatch()
-                if self._pending and not self._busy():
+                if self._pending and not self._busy() and not self.launcher.importing():
                     for task in list(self._pending):  # planning placed a cell no lane serves
                         self._pending.remove(task)
                         self._finish(task, Attempt(_error(f"no lane runs {task.kind} cells"), 0.0))
@@ -116,8 +117,9 @@ class Pool:
     # -- assigning ---------------------------------------------------------------------------
     def _dispatch(self) -> None:
         for lane in self.lanes:
+            startable = functools.partial(self._startable, lane)
             while lane.task is None:
-                task = lane.pick(self._pending)
+                task = lane.pick(self._pending, startable)
                 if task is None:
                     break
                 self._pending.remove(task)
@@ -126,6 +128,11 @@ class Pool:
                     self._finish(task, Attempt(_error(reason), 0.0, retryable=False))
                     continue
                 self._start(lane, task)
+
+    def _startable(self, lane: Lane, task: Task) -> bool:
+        """The lane has a worker for it, or one starts now (not waiting on a server's imports)."""
+        have = lane.spare if task.fresh else lane.reusable
+        return usable(have, task.kind) or self.launcher.startable(task.kind)
 
     def _start(self, lane: Lane, task: Task) -> None:
         worker: WorkerProcess
@@ -173,11 +180,12 @@ class Pool:
                 spare_kind is not None
                 and not self._failures[spare_kind]
                 and not usable(lane.spare, spare_kind)
+                and self.launcher.startable(spare_kind)  # a fork now, never a wait on imports
             ):
                 if lane.spare is not None:
                     self._retire(lane.spare, "spare of another kind")
                 lane.spare = self._spawn(spare_kind, lane)
-            if nxt is None or nxt.fresh or self._failures[nxt.kind]:
+            if nxt is None or nxt.fresh or self._failures[nxt.kind] or not self.launcher.startable(nxt.kind):
                 continue
             if lane.current is not lane.reusable and not usable(lane.reusable, nxt.kind):
                 if lane.reusable is not None:
@@ -231,7 +239,9 @@ class Pool:
     def _poll(self) -> None:
         deadlines = [lane.deadline for lane in self.lanes if lane.task is not None]
         wait = min(deadlines, default=time.monotonic() + 1.0) - time.monotonic()
-        for key, _ in self._sel.select(timeout=min(max(0.0, wait), 1.0)):
+        # cells waiting on a server's imports: look again soon (its ready message is not on the selector)
+        cap = 0.05 if self._pending and self.launcher.importing() else 1.0
+        for key, _ in self._sel.select(timeout=min(max(0.0, wait), cap)):
             worker: WorkerProcess = key.data
             for msg in worker.read():
                 self._on_message(worker, msg)

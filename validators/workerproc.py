@@ -290,6 +290,15 @@ class Launcher:
                 log = self.config.logs / f"forkserver-{kind}.log"
                 self.servers[kind] = ForkServer(self.config.argv(kind), self.config.env(kind, None), log)
 
+    def startable(self, kind: str) -> bool:
+        """Whether a worker of ``kind`` starts without waiting for its server's imports."""
+        server = self.servers.get(self.route.get(kind, kind))
+        return server is None or server.poll_ready()
+
+    def importing(self) -> bool:
+        """Whether some server is still importing (cells of its kind wait for it)."""
+        return not all(server.poll_ready() for server in self.servers.values())
+
     def forks(self, kind: str) -> bool:
         """Whether workers of ``kind`` are forked (a server was started for it and has not failed)."""
         server = self.servers.get(self.route.get(kind, kind))
