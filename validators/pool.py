@@ -116,8 +116,9 @@ class Pool:
 
     # -- assigning ---------------------------------------------------------------------------
     def _dispatch(self) -> None:
+        ready = functools.cache(self.launcher.startable)  # one look per server kind, not per task
         for lane in self.lanes:
-            startable = functools.partial(self._startable, lane)
+            startable = functools.partial(self._startable, lane, ready)
             while lane.task is None:
                 task = lane.pick(self._pending, startable)
                 if task is None:
@@ -129,10 +130,11 @@ class Pool:
                     continue
                 self._start(lane, task)
 
-    def _startable(self, lane: Lane, task: Task) -> bool:
-        """The lane has a worker for it, or one starts now (not waiting on a server's imports)."""
+    @staticmethod
+    def _startable(lane: Lane, ready: Callable[[str], bool], task: Task) -> bool:
+        """The lane has a worker for it, or one starts now (``ready``: its server is not importing)."""
         have = lane.spare if task.fresh else lane.reusable
-        return usable(have, task.kind) or self.launcher.startable(task.kind)
+        return usable(have, task.kind) or ready(task.kind)
 
     def _start(self, lane: Lane, task: Task) -> None:
         worker: WorkerProcess

@@ -277,7 +277,6 @@ class Launcher:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.servers: dict[str, ForkServer] = {}
-        self.route: dict[str, str] = {}  # worker kind -> the server kind that forks it
         self.preload_s: dict[str, float] = {}  # per server kind: its imports (run.json)
 
     def prestart(self, kinds: Sequence[str]) -> None:
@@ -285,14 +284,13 @@ class Launcher:
         if not self.config.fork_server:
             return
         for kind in sorted(kinds):
-            self.route[kind] = kind
             if kind not in self.servers:
                 log = self.config.logs / f"forkserver-{kind}.log"
                 self.servers[kind] = ForkServer(self.config.argv(kind), self.config.env(kind, None), log)
 
     def startable(self, kind: str) -> bool:
         """Whether a worker of ``kind`` starts without waiting for its server's imports."""
-        server = self.servers.get(self.route.get(kind, kind))
+        server = self.servers.get(kind)
         return server is None or server.poll_ready()
 
     def importing(self) -> bool:
@@ -301,12 +299,12 @@ class Launcher:
 
     def forks(self, kind: str) -> bool:
         """Whether workers of ``kind`` are forked (a server was started for it and has not failed)."""
-        server = self.servers.get(self.route.get(kind, kind))
+        server = self.servers.get(kind)
         return server is not None and not server.failed
 
     def spawn(self, name: str, kind: str, gpu: Gpu | None) -> WorkerProcess:
         cfg = self.config
-        server = self.servers.get(self.route.get(kind, kind))
+        server = self.servers.get(kind)
         log = cfg.logs / f"{name}.log"
         return WorkerProcess(name, kind, cfg.argv(kind), cfg.env(kind, gpu), log, server=server)
 
