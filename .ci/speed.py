@@ -19,6 +19,11 @@ breakdown``) with the harness share of ``wall x busy lanes``, and the machine's
 load average before and after (the CPU machine is shared: say how loaded it
 was).  The probe is undone afterwards, whatever happens.  ``--repeat N`` runs
 one-op and nothing N times (the fastest counts, all are kept).
+
+``--keep-warm MIN`` passes ``--keep-warm MIN`` to every run, with a private
+server folder: cold starts the fork servers (and pays their imports), the
+later scenarios fork from them, as a developer's edit-run loop or a
+persistent GPU runner would; the servers are stopped at the end.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +81,7 @@ def _run(name: str, out: Path, args: list[str], env: dict[str, str]) -> dict[str
         return record
     record["timings"] = run.get("timings", {})
     record["fork_server_preload_s"] = run.get("fork_server_preload_s", {})
+    record["warm_servers"] = run.get("warm_servers", {})
     record["breakdown"] = run.get("breakdown", {})
     record["workers"] = len(run.get("workers") or [])
     if not KEEP_RUNS:  # results.json, run.json and the workers' own logs say it all
@@ -194,6 +201,7 @@ def main() -> int:
     )
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- then more `opgate run` arguments")
     ap.add_argument("--keep-runs", action="store_true", help="keep every run's cells/, logs/ and work/")
+    ap.add_argument("--keep-warm", type=float, metavar="MIN", help="runs reuse warm fork servers")
     args = ap.parse_args()
     global KEEP_RUNS
     KEEP_RUNS = args.keep_runs
@@ -211,7 +219,19 @@ def main() -> int:
     if not args.skip_cold:
         shutil.rmtree(caches, ignore_errors=True)
     shutil.rmtree(out / "runs", ignore_errors=True)
-    records, one, nothing = _scenarios(args, out, run_args, env)
+    servers = None
+    if args.keep_warm:
+        # a socket path must stay short (108 bytes): a folder of its own under /tmp, not under --out
+        servers = Path(tempfile.mkdtemp(prefix="opgate-speed-", dir="/tmp"))
+        env["OPGATE_SERVER_DIR"] = str(servers)
+        run_args += ["--keep-warm", f"{args.keep_warm:g}"]
+    try:
+        records, one, nothing = _scenarios(args, out, run_args, env)
+    finally:
+        if servers is not None:
+            stop = [sys.executable, "-m", "opgate.reports.cli", "servers", "--stop"]
+            subprocess.run(stop, cwd=ROOT, env=env, check=False)
+            shutil.rmtree(servers, ignore_errors=True)
     summary = _summary(args, run_args, records, one + nothing)
     if args.import_profile:
         summary["preload_profile"] = _preload_profile(env, args.import_profile)
@@ -228,6 +248,13 @@ def main() -> int:
         ratio = base["process_wall_s"] / max(by["one-op"]["process_wall_s"], 1e-9)
         nothing = by["nothing"]["process_wall_s"]
         lines.append(f"{base['scenario']} / one-op: {ratio:.1f}x; nothing changed: {nothing:.1f} s")
+    if args.keep_warm:
+        lines.append("")
+        lines.append(
+            f"Fork servers kept warm between the runs (--keep-warm {args.keep_warm:g}): cold started them "
+            "and paid their imports, the later runs forked from them.  CPU is the run's own process "
+            "tree: workers forked by a warm server are not in it."
+        )
     (out / "speed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r["rc"] in (0, 1) for r in records) else 1

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("opgate.validators.__main__", "assemble results.json from an interrupted run's cells"),
     "breakdown": ("opgate.validators.__main__", "where a finished run's wall time went"),
     "compact": ("opgate.validators.__main__", "keep finished runs in a repository, compact"),
+    "servers": ("opgate.validators.__main__", "list or stop the warm fork servers (run --keep-warm)"),
     "perf": ("opgate.validators.perf.__main__", "GPU benchmarks: bench, study, block"),
     "publish": ("opgate.reports.__main__", "merge results into compat.json, compat.md, index.html"),
     "bench": ("opgate.reports.__main__", "render committed benchmark results as Markdown"),

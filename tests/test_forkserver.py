@@ -10,26 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from opgate.validators.workerproc import Launcher, WorkerConfig, WorkerProcess, exit_description
+from opgate.validators.workerproc import Launcher, WorkerConfig, exit_description
+from tests.workers import wait_hello
 
 pytestmark = pytest.mark.integration
-
-
-def _hello(worker: WorkerProcess, timeout_s: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for msg in worker.read():
-            if msg.get("type") == "hello":
-                return msg
-        assert not worker.eof, worker.log.read_text()
-        time.sleep(0.01)
-    raise AssertionError("no hello")
 
 
 def test_forked_workers_start_fast_in_their_own_groups_and_report_signals(tmp_path: Path) -> None:
@@ -41,7 +29,7 @@ def test_forked_workers_start_fast_in_their_own_groups_and_report_signals(tmp_pa
         assert first.forked
         assert second.forked
         for worker in (first, second):
-            hello = _hello(worker)
+            hello = wait_hello(worker)
             assert float(hello["startup_s"]) < 1.0  # no torch import: it happened once, in the server
             assert os.getpgid(worker.pid) == worker.pid  # its own group: a kill takes its children
             assert hello["fingerprint"]["torch"]
@@ -59,17 +47,19 @@ def test_workers_of_a_dead_fork_server_are_not_reused_and_a_new_worker_still_sta
     launcher.prestart(["cpu"])
     try:
         idle = launcher.spawn("cpu-c-1", "cpu", None)
-        _hello(idle)
+        wait_hello(idle)
         assert idle.alive
-        os.kill(launcher.servers["cpu"].proc.pid, signal.SIGKILL)
-        launcher.servers["cpu"].proc.wait(10)
+        server = launcher.servers["cpu"].proc
+        assert server is not None  # the run's own server: this run started it
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(10)
         assert not idle.alive  # before its EOF is read: the pool must not hand it the re-run
         assert idle.wait(timeout=1) is None  # no exit status: nobody is left to report it
         assert exit_description(None).startswith("worker vanished")
         fresh = launcher.spawn("cpu-c-2", "cpu", None)  # the re-run's worker: a fresh interpreter
         assert not fresh.forked
         assert "fork server unusable" in fresh.log.read_text()
-        assert _hello(fresh)["type"] == "hello"
+        assert wait_hello(fresh)["type"] == "hello"
         fresh.close()
         assert fresh.wait(timeout=30) == 0
     finally:
@@ -85,7 +75,7 @@ def test_a_fork_server_that_cannot_start_leaves_fresh_interpreters(tmp_path: Pat
         worker = launcher.spawn("cpu-b-1", "cpu", None)
         assert not worker.forked
         assert "fork server unusable" in worker.log.read_text()
-        assert _hello(worker)["type"] == "hello"
+        assert wait_hello(worker)["type"] == "hello"
         worker.close()
         assert worker.wait(timeout=10) == 0
     finally:
@@ -117,7 +107,7 @@ def test_a_fork_server_that_cannot_give_cuda_workers_is_refused(
     try:
         worker = launcher.spawn("cpu-c-1", "cpu", None)
         assert not worker.forked
-        assert _hello(worker)["type"] == "hello"  # a fresh interpreter serves instead
+        assert wait_hello(worker)["type"] == "hello"  # a fresh interpreter serves instead
         assert logged in (tmp_path / "logs" / "forkserver-cpu.log").read_text()
         worker.close()
         worker.wait(timeout=10)
@@ -126,7 +116,7 @@ def test_a_fork_server_that_cannot_give_cuda_workers_is_refused(
 
 
 def test_forks_of_a_clean_process_are_usable() -> None:
-    from opgate.validators.forkserver import _forks_poisoned
+    from opgate.validators.forkloop import _forks_poisoned
 
     assert _forks_poisoned() is False
 

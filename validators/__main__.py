@@ -86,6 +86,15 @@ def parser() -> argparse.ArgumentParser:
         help="only the cells a git diff since REF can affect: its ops, the ops importing its files "
         "(every cell when validator code or the matrix config changed)",
     )
+    run.add_argument(
+        "--keep-warm",
+        type=_positive(float),
+        metavar="MIN",
+        help="keep this run's fork servers (torch imported) for later runs, exiting after MIN minutes "
+        "idle, and reuse ones an earlier run kept (default $OPGATE_KEEP_WARM, else off)",
+    )
+    servers = sub.add_parser("servers", help="list the warm fork servers (--keep-warm), or stop them")
+    servers.add_argument("--stop", action="store_true", help="stop every warm server now")
     collect = sub.add_parser(
         "collect", help="write results.json and junit.xml from the cells/ of an interrupted run"
     )
@@ -129,6 +138,12 @@ def _compact(dirs: Sequence[Path], into: Path) -> int:
     return 0
 
 
+def _servers(stop: bool) -> int:
+    from opgate.validators.warmserver import main_servers
+
+    return main_servers(stop)
+
+
 def _breakdown(dirs: Sequence[Path], as_json: bool) -> int:
     import json
 
@@ -158,6 +173,22 @@ def _breakdown(dirs: Sequence[Path], as_json: bool) -> int:
     return 0
 
 
+def _env_minutes(name: str) -> float | None:
+    """A number of minutes from the environment (unset or empty: None; 0 turns it off)."""
+    import os
+
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"${name}={text!r}: not a number of minutes") from None
+    if value < 0:
+        raise UsageError(f"${name}={text!r}: minutes must be >= 0")
+    return value or None
+
+
 def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from opgate.validators.options import RunOptions
     from opgate.validators.runner import Runner
@@ -178,6 +209,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         use_cache=not args.no_cache,
         cache_dir=args.cache_dir,
         changed_since=args.changed_since,
+        keep_warm_min=args.keep_warm if args.keep_warm is not None else _env_minutes("OPGATE_KEEP_WARM"),
         argv=["python", "-m", "opgate.validators", *argv],
     )
     runner = Runner(options)
@@ -214,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "collect": lambda: _collect(args.out),
             "compact": lambda: _compact(args.dirs, args.into),
             "breakdown": lambda: _breakdown(args.dirs, as_json=args.json),
+            "servers": lambda: _servers(args.stop),
         }
         if args.command in folder_commands:
             return folder_commands[args.command]()

@@ -31,6 +31,7 @@ class RunOptions:
     use_cache: bool = True  # serve unchanged cells' verdicts from the cache (--no-cache: re-run all)
     cache_dir: Path | None = None
     changed_since: str | None = None  # git ref: only the cells a diff since it can affect
+    keep_warm_min: float | None = None  # keep the fork servers warm for later runs (validators.warmserver)
     argv: Sequence[str] = ()
 
 

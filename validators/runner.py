@@ -269,6 +269,7 @@ class Runner:
             threads=device.threads_per_worker(jobs + len(gpus) * self.options.gpu_workers),
             python=self.python,
             fork_server=os.environ.get("OPGATE_FORK_SERVER", "1") != "0",
+            keep_warm_s=60.0 * (self.options.keep_warm_min or 0.0),
         )
         self._launcher = Launcher(config)
         self._launcher.prestart(sorted(kinds))
@@ -462,6 +463,7 @@ class Runner:
         record: dict[str, Any] = {
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "fork_server_preload_s": dict(self._launcher.preload_s) if self._launcher else {},
+            "warm_servers": dict(self._launcher.warm) if self._launcher else {},
             "other_torch_cells": self._plan.other_torch,
             "cached_cells": self.cached,
             "workers": [w.record(pool.t0) for w in pool.workers] if pool else [],

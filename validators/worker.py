@@ -246,6 +246,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--fork-server", type=int, metavar="FD", help="serve forks on this socket (see forkserver)"
     )
+    ap.add_argument("--fork-server-listen", metavar="PATH", help="serve forks warm here (see warmserver)")
+    ap.add_argument("--idle-s", type=float, default=1800.0, help="a warm server's idle exit")
     return ap.parse_args(argv)
 
 
@@ -345,10 +347,13 @@ def serve(argv: Sequence[str] | None = None) -> int:
     if args.kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         print("cpu worker started without TRITON_INTERPRET=1", file=sys.stderr)
         return 2
-    if args.fork_server is not None:
-        from opgate.validators.forkserver import serve_forks
+    if args.fork_server is not None or args.fork_server_listen:
+        from opgate.validators.forkloop import serve_forks
 
         os.dup2(2, 1)  # the fork server talks over its socket; prints go to its log
+        if args.fork_server_listen:  # a warm server outlives the run that started it
+            faulthandler.enable(all_threads=True)
+            return serve_forks(None, args.kind, args.threads, [], args.fork_server_listen, args.idle_s)
         arm()
         return serve_forks(args.fork_server, args.kind, args.threads, args.ops_path)
     channel = _channel()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opgate.validators import warmserver
 from opgate.validators.device import Gpu
 from opgate.validators.env import DEVICE_ORDER
 from opgate.validators.forkserver import ForkedProcess, ForkServer
@@ -221,6 +222,8 @@ class WorkerConfig:
     module: str = "opgate.validators.worker"
     extra_env: Mapping[str, str] = field(default_factory=dict)
     fork_server: bool = False  # fork workers from one preloaded process per kind
+    #: keep the fork servers warm for later runs, exiting after this long idle (0: the run's own)
+    keep_warm_s: float = 0.0
     #: Inductor's compile processes per worker.  A run's parallelism is across cells (one per
     #: lane); a cell compiles a graph of a few kernels, and a pool would cost every worker a
     #: side process that imports torch again, and seconds at exit.  None: Inductor decides.
@@ -278,15 +281,23 @@ class Launcher:
         self.config = config
         self.servers: dict[str, ForkServer] = {}
         self.preload_s: dict[str, float] = {}  # per server kind: its imports (run.json)
+        self.warm: dict[str, str] = {}  # per warm server kind: "started" by this run or "reused"
 
     def prestart(self, kinds: Sequence[str]) -> None:
         """Start the servers for ``kinds`` (all the kinds the run needs, when known)."""
         if not self.config.fork_server:
             return
+        cfg = self.config
         for kind in sorted(kinds):
             if kind not in self.servers:
-                log = self.config.logs / f"forkserver-{kind}.log"
-                self.servers[kind] = ForkServer(self.config.argv(kind), self.config.env(kind, None), log)
+                log = cfg.logs / f"forkserver-{kind}.log"
+                argv, env = cfg.argv(kind), cfg.env(kind, None)
+                warm = None
+                if cfg.keep_warm_s > 0:
+                    warm = warmserver.connect(
+                        argv, env, log, kind=kind, idle_s=cfg.keep_warm_s, ops_paths=cfg.ops_paths
+                    )
+                self.servers[kind] = warm or ForkServer(argv, env, log)
 
     def startable(self, kind: str) -> bool:
         """Whether a worker of ``kind`` starts without waiting for its server's imports."""
@@ -311,5 +322,7 @@ class Launcher:
     def stop(self) -> None:
         for kind, server in self.servers.items():
             self.preload_s[kind] = server.preload_s if server.ready else 0.0
+            if server.warm:
+                self.warm[kind] = "reused" if server.reused else "started"
             server.stop()
         self.servers.clear()

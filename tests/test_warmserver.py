@@ -1,0 +1,208 @@
+"""Warm fork servers (``opgate run --keep-warm``): reused, refreshed when stale, never a run's leftover.
+
+Real servers (torch imported), real forks, real ``opgate run`` processes.  The
+folder is a short private one per test (socket paths are limited to 108
+bytes), so no test meets another's server, nor a developer's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opgate.validators import warmserver
+from opgate.validators.result import RunResults, Verdict
+from opgate.validators.workerproc import Launcher, WorkerConfig
+from tests.workers import wait_hello
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).parent / "fixtures_runner"
+
+
+@pytest.fixture
+def server_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="ogw-", dir="/tmp"))  # short: a socket path
+    folder.chmod(0o700)
+    monkeypatch.setenv("OPGATE_SERVER_DIR", str(folder))
+    try:
+        yield folder
+    finally:
+        warmserver.stop_all()
+        _wait_for(lambda: not warmserver.servers(), 20)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait_for(cond: Any, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.split(")")[-1].split()[0] == "Z"  # dead, not yet reaped by its server
+
+
+def _launcher(logs: Path) -> Launcher:
+    launcher = Launcher(WorkerConfig(logs=logs, fork_server=True, keep_warm_s=120.0))
+    launcher.prestart(["cpu"])
+    return launcher
+
+
+def test_a_warm_server_serves_the_next_run_and_kills_what_a_gone_run_left(
+    tmp_path: Path, server_dir: Path
+) -> None:
+    first = _launcher(tmp_path / "1")
+    worker = first.spawn("cpu-a-1", "cpu", None)
+    assert first.servers["cpu"].warm
+    wait_hello(worker)
+    assert not first.servers["cpu"].reused
+    assert first.servers["cpu"].preload_s > 0.5  # this run paid for the imports
+    worker.close()
+    assert worker.wait(timeout=10) == 0
+    first.stop()
+    assert first.warm == {"cpu": "started"}
+    (info,) = warmserver.servers()  # still up after its run
+    assert info["kind"] == "cpu"
+    assert Path(info["path"]).parent == server_dir
+
+    second = _launcher(tmp_path / "2")
+    assert second.servers["cpu"].wait_ready(5)  # no import to wait for
+    assert second.servers["cpu"].reused
+    assert second.servers["cpu"].preload_s == 0.0
+    left = second.spawn("cpu-b-1", "cpu", None)
+    hello = wait_hello(left)
+    assert float(hello["startup_s"]) < 1.0
+    assert hello["fingerprint"]["torch"]
+    assert os.getpgid(left.pid) == left.pid  # its own group, as any worker's
+    os.kill(left.pid, signal.SIGSEGV)  # a crash is still reported as what it was
+    assert left.wait(timeout=10) == -signal.SIGSEGV
+    orphan = second.spawn("cpu-b-2", "cpu", None)
+    wait_hello(orphan)
+    second.stop()  # the run goes away with a worker still up: the server must kill it
+    assert second.warm == {"cpu": "reused"}
+    assert _wait_for(lambda: _gone(orphan.pid), 10), "a gone run's worker outlived it"
+    assert [i["pid"] for i in warmserver.servers()] == [info["pid"]]  # the same server, still warm
+
+    assert [i["pid"] for i in warmserver.stop_all()] == [info["pid"]]
+    assert _wait_for(lambda: not warmserver.servers(), 20)
+    assert not list(server_dir.glob("*.sock"))  # it tidied up after itself
+
+
+def test_a_stale_warm_server_is_replaced_and_the_key_follows_import_time_settings(
+    tmp_path: Path, server_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module the server imported changes: the next run gets a fresh server, not stale code."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import warm_probe_module\n")
+    probe = site / "warm_probe_module.py"
+    probe.write_text("VERSION = 1\n")
+    monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    first = _launcher(tmp_path / "1")
+    assert first.servers["cpu"].wait_ready(120)
+    first.stop()
+    (old,) = warmserver.servers()
+
+    probe.write_text("VERSION = 2  # edited after the server imported it\n")
+    os.utime(probe, ns=(time.time_ns(), time.time_ns() + 10**9))
+    second = _launcher(tmp_path / "2")
+    assert second.servers["cpu"].wait_ready(120)
+    assert not second.servers["cpu"].reused  # it paid for fresh imports
+    worker = second.spawn("cpu-b-1", "cpu", None)
+    wait_hello(worker)
+    worker.close()
+    worker.wait(timeout=10)
+    second.stop()
+    assert "was stale" in (tmp_path / "2" / "forkserver-cpu.log").read_text()
+    assert str(probe) in (server_dir / Path(old["path"]).with_suffix(".log").name).read_text()
+    assert _wait_for(lambda: [i["pid"] for i in warmserver.servers()] != [old["pid"]], 10)
+    assert _wait_for(lambda: _gone(int(old["pid"])), 10)  # the stale one left once unused
+
+    argv = ["/usr/bin/python3", "-m", "opgate.validators.worker", "--kind", "cpu"]
+    base = {"PATH": "/usr/bin", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    same = warmserver.key(argv, base)
+    assert warmserver.key(argv, {**base, "GITHUB_RUN_ID": "7"}) == same  # per-job noise: same server
+    assert warmserver.key(argv, {**base, "TORCHINDUCTOR_COMPILE_THREADS": "4"}) != same  # read at import
+    assert warmserver.key(argv, {**base, "TRITON_INTERPRET": "1"}) != same
+    assert warmserver.key([*argv, "--threads", "2"], base) != same
+    with_ops = warmserver.server_argv([*argv, "--ops-path", "/x/ops"])
+    assert with_ops == argv  # specs are the run's, loaded per run: not part of the server
+
+
+def test_a_folder_open_to_others_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setenv("OPGATE_SERVER_DIR", str(shared))
+    assert warmserver.server_dir() is None
+    log = tmp_path / "log"
+    assert warmserver.connect(["python"], {}, log, kind="cpu", idle_s=1, ops_paths=()) is None
+    assert "no private folder" in log.read_text()
+
+
+def _opgate_run(ops: Path, out: Path, *extra: str) -> tuple[dict[str, Any], RunResults]:
+    sel = ["--select", "fx_segv.native-*-cpu-*", "--select", "fx_flaky.native-*-cpu-fp32-*"]
+    base = [sys.executable, "-m", "opgate.validators", "run", "--config", str(ops / "matrix.yaml")]
+    proc = subprocess.run(
+        [*base, "--ops-path", str(ops), *sel, "--out", str(out), "--no-progress", "--no-cache", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return json.loads((out / "run.json").read_text()), RunResults.read(out / "results.json")
+
+
+@pytest.mark.slow
+def test_runs_on_a_warm_server_judge_as_runs_on_their_own(tmp_path: Path, server_dir: Path) -> None:
+    """Same verdicts, a crash still costs only its cell, and a spec edited between runs is seen."""
+    ops = tmp_path / "ops"
+    shutil.copytree(FIXTURES, ops, ignore=shutil.ignore_patterns("__pycache__"))
+    own_record, own = _opgate_run(ops, tmp_path / "own")
+    first_record, first = _opgate_run(ops, tmp_path / "first", "--keep-warm", "5")
+    second_record, second = _opgate_run(ops, tmp_path / "second", "--keep-warm", "5")
+    assert own_record["warm_servers"] == {}
+    assert first_record["warm_servers"] == {"cpu": "started"}
+    assert second_record["warm_servers"] == {"cpu": "reused"}
+    assert second_record["fork_server_preload_s"] == {"cpu": 0.0}
+    verdicts = {c.id: c.verdict for c in own.cells}
+    assert {c.id: c.verdict for c in first.cells} == verdicts
+    assert {c.id: c.verdict for c in second.cells} == verdicts
+    crashed = [i for i, v in verdicts.items() if "fp16" in i and i.startswith("fx_segv")]
+    assert crashed
+    assert all(verdicts[i] is Verdict.ERROR for i in crashed)  # SIGSEGV: its own cell only
+    assert sum(v is Verdict.PASS for v in verdicts.values()) == len(verdicts) - len(crashed)
+    crash_reason = {c.id: c.reason for c in second.cells}[crashed[0]]
+    assert "SIGSEGV" in crash_reason
+
+    spec = ops / "fx_flaky" / "spec.yaml"  # the worker must judge with the edited spec
+    wrong = spec.read_text().replace("reference: fx_common:scale", "reference: fx_common:sample_inputs")
+    spec.write_text(wrong)
+    third_record, third = _opgate_run(ops, tmp_path / "third", "--keep-warm", "5")
+    assert third_record["warm_servers"] == {"cpu": "reused"}
+    flaky = next(c for c in third.cells if c.id.startswith("fx_flaky"))
+    assert flaky.verdict is Verdict.ERROR, flaky.reason
+    assert "sample_inputs() missing" in flaky.reason  # the edited reference ran, in a reused server

@@ -1,0 +1,341 @@
+"""The fork server's own side: preload once, then fork a worker per request (see ``forkserver``).
+
+Runs in the server process, never in a run: :func:`serve_forks` imports what
+every worker of its kind needs, refuses to serve if that touched CUDA, and
+then loops over the runs connected to it (one for a run's own server, any
+number for a warm one), forking a worker per request and reporting each
+worker's exit to the run that asked for it.  The protocol and the run's side
+are in :mod:`validators.forkserver`; finding and starting warm servers is
+:mod:`validators.warmserver`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opgate.validators.forkserver import MAX_MSG
+
+if TYPE_CHECKING:
+    from opgate.validators.worker import Preloaded
+
+
+def serve_forks(  # noqa: PLR0917 - the worker's command line, argument for argument
+    fd: int | None, kind: str, threads: int, ops_paths: Sequence[Path], listen: str = "", idle_s: float = 0.0
+) -> int:
+    """Preload, say ready, then fork a worker per request.
+
+    A run's own server (``fd``) serves that run and exits when it closes the
+    socket.  A warm server (``listen``, :mod:`validators.warmserver`) binds the
+    path before it imports, so runs that start meanwhile queue on it, serves
+    every run that connects, and exits after ``idle_s`` with no run and no
+    worker.  The specs a warm server's workers see are loaded per run, from
+    the paths the run's requests name (a spec may change between runs; the
+    imports do not).
+    """
+    from opgate.validators.worker import Preloaded, preload
+
+    t0 = time.perf_counter()
+    listener = _bind(listen) if listen else None
+    if listen and listener is None:
+        return 0  # another warm server holds the path: runs connect to it
+    # ``torch.cuda.is_available()`` asks the CUDA runtime for a device count, and
+    # that alone marks every later fork "bad" (CUDA can then never start in the
+    # child), though ``is_initialized()`` stays False.  Triton's driver probe and
+    # library imports call it freely; through NVML the same question leaves forks
+    # usable.  A documented torch switch, read on each call.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    specs, run_cell = preload(ops_paths, kind)
+    pre = Preloaded(kind, threads, specs, run_cell)
+    import torch
+
+    refused = ""
+    if torch.cuda.is_initialized():  # e.g. a sitecustomize or an op module that touched the GPU
+        refused = "fork server: CUDA initialised while preloading; forks could not use it"
+    elif _forks_poisoned():
+        refused = (
+            "fork server: a forked child could not start CUDA (the preload asked the CUDA runtime "
+            "for devices); starting fresh interpreters instead"
+        )
+    if refused:
+        print(refused, file=sys.stderr)
+        if listener is not None:
+            _unbind(listener, listen)
+        return 3  # never ready: the launcher starts fresh interpreters instead
+    loop = _Loop(pre, round(time.perf_counter() - t0, 3), listener, idle_s)
+    if fd is not None:
+        loop.attach(socket.socket(fileno=fd), reused=False)
+    if listener is not None:
+        loop.path = listen
+        signal.signal(signal.SIGTERM, _terminate)  # ``opgate servers --stop``: tidy up, then go
+        note = {"pid": os.getpid(), "kind": kind, "path": listen, "started": time.time(), "idle_s": idle_s}
+        Path(listen).with_suffix(".json").write_text(json.dumps(note) + "\n")
+    try:
+        return loop.run()
+    finally:
+        if loop.listener is not None:
+            _unbind(loop.listener, listen)
+        for pid in loop.owner if loop.warm else ():  # stopped from outside: no worker outlives it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _terminate(*_: object) -> None:
+    raise SystemExit(0)
+
+
+def import_snapshot() -> dict[str, tuple[int, int]]:
+    """(mtime, size) of every imported module's file and every ``sys.path`` folder but the first."""
+    seen: dict[str, tuple[int, int]] = {}
+    files = [getattr(m, "__file__", None) for m in list(sys.modules.values())]
+    for path in [f for f in files if isinstance(f, str)] + [d for d in sys.path[1:] if d]:
+        with contextlib.suppress(OSError):
+            st = Path(path).stat()
+            seen[path] = (st.st_mtime_ns, 0 if Path(path).is_dir() else st.st_size)
+    return seen
+
+
+def changed_since(snapshot: Mapping[str, tuple[int, int]]) -> str:
+    """The first file of ``snapshot`` that changed or went away; "" when none did."""
+    for path, (mtime, size) in snapshot.items():
+        try:
+            st = Path(path).stat()
+        except OSError:
+            return f"{path} is gone"
+        if st.st_mtime_ns != mtime or (size and st.st_size != size):
+            return f"{path} changed"
+    return ""
+
+
+def _bind(path: str) -> socket.socket | None:
+    """A listening socket at ``path``; None when a live server already listens there."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        print(f"fork server: {path} is taken ({exc}); leaving it to the server there", file=sys.stderr)
+        return None
+    sock.listen(64)
+    return sock
+
+
+def _unbind(sock: socket.socket, path: str) -> None:
+    """Stop listening and remove the path and its note, unless another server has bound it since."""
+    note = Path(path).with_suffix(".json")
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(note.read_text()).get("pid") == os.getpid():  # else a newer server's by now
+            Path(path).unlink()
+            note.unlink()
+    sock.close()
+
+
+class _Loop:
+    """The server's event loop: runs connect, ask for forks, hear of their workers' exits."""
+
+    def __init__(
+        self, pre: Preloaded, preload_s: float, listener: socket.socket | None, idle_s: float
+    ) -> None:
+        self.pre, self.preload_s, self.listener, self.idle_s = pre, preload_s, listener, idle_s
+        self.ready_at = time.monotonic()
+        self.sel = selectors.DefaultSelector()
+        self.owner: dict[int, socket.socket] = {}  # worker pid -> the run that asked for it
+        self.specs: dict[socket.socket, Preloaded] = {}  # per run of a warm server: its own specs
+        self.served = 0
+        self.path = ""  # a warm server's socket path
+        self.warm = listener is not None
+        self.snapshot = import_snapshot() if self.warm else {}
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        self.wake = (wake_r, wake_w)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the selector through the pipe
+        self.sel.register(wake_r, selectors.EVENT_READ, "child")
+        if listener is not None:
+            self.sel.register(listener, selectors.EVENT_READ, "listen")
+
+    def attach(self, conn: socket.socket, *, reused: bool) -> None:
+        """Say ready to a run: the imports it waited for (0 when an earlier run paid for them)."""
+        _send(conn, {"ready": True, "preload_s": 0.0 if reused else self.preload_s, "reused": reused})
+        self.sel.register(conn, selectors.EVENT_READ, "run")
+        self.served += 1
+
+    def run(self) -> int:
+        idle_since = time.monotonic()
+        while True:
+            busy = bool(self.owner) or self.served_now() > 0
+            if self.warm and not busy and self.listener is None:
+                return 0  # stale: its last run is done
+            timeout = None
+            if self.warm and not busy:
+                timeout = max(self.idle_s - (time.monotonic() - idle_since), 0.0)
+            events = self.sel.select(timeout)
+            if not events and timeout is not None:
+                print(f"fork server: idle for {self.idle_s:g} s, exiting", file=sys.stderr)
+                return 0
+            for key, _ in events:
+                if key.data == "child":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake[0], 4096)
+                    self._reap()
+                elif key.data == "listen":
+                    self._accept()
+                elif not self._request(key.fileobj) and not self.warm:  # type: ignore[arg-type]
+                    return 0  # the run that started this server is done
+            if self.owner or self.served_now():
+                idle_since = time.monotonic()
+
+    def _accept(self) -> None:
+        """A run connects: served if nothing it imported has changed, else told to start afresh."""
+        assert self.listener is not None
+        conn, _ = self.listener.accept()
+        stale = changed_since(self.snapshot)
+        if stale:
+            print(f"fork server: stale ({stale}); no new runs, exiting once mine are done", file=sys.stderr)
+            self.sel.unregister(self.listener)
+            _unbind(self.listener, self.path)  # the path is free for a fresh server now
+            self.listener = None
+            with contextlib.suppress(OSError):
+                _send(conn, {"ready": False, "stale": stale})
+            conn.close()
+            return
+        # a run that queued while the imports ran waited for them; a later one did not
+        self.attach(conn, reused=self.served > 0 or time.monotonic() - self.ready_at > 1.0)
+
+    def served_now(self) -> int:
+        return sum(1 for key in self.sel.get_map().values() if key.data == "run")
+
+    def _request(self, conn: socket.socket) -> bool:
+        """Serve one message of a run; False when the run has gone (its socket closed)."""
+        try:
+            msg, fds, _, _ = socket.recv_fds(conn, MAX_MSG, 3)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            self._detach(conn)
+            return False
+        req = json.loads(msg)
+        pre = self._preloaded(conn, req)
+        pid = os.fork()
+        if pid == 0:
+            runs = [key.fileobj for key in self.sel.get_map().values() if key.data == "run"]
+            self.sel.close()
+            for sock in runs:
+                sock.close()  # type: ignore[union-attr]
+            if self.listener is not None:
+                self.listener.close()
+            os.close(self.wake[0])
+            os.close(self.wake[1])
+            _become_worker(req, fds, pre)  # never returns
+        for f in fds:
+            os.close(f)
+        self.owner[pid] = conn
+        _send(conn, {"pid": pid})
+        return True
+
+    def _preloaded(self, conn: socket.socket, req: Mapping[str, Any]) -> Preloaded:
+        """A warm server's run gets the specs its own files say (loaded once per run)."""
+        if "ops_paths" not in req:
+            return self.pre
+        if conn not in self.specs:
+            from opgate.matrix.spec import load_specs
+
+            cwd = Path.cwd()
+            try:
+                os.chdir(str(req.get("cwd") or cwd))
+                specs = load_specs([Path(p) for p in req["ops_paths"]])
+            except Exception as exc:  # noqa: BLE001 - a bad spec is the run's error, never the server's
+                print(f"fork server: specs did not load ({exc}); the worker loads them", file=sys.stderr)
+                specs = None
+            finally:
+                os.chdir(cwd)
+            self.specs[conn] = dataclasses.replace(self.pre, specs=specs)  # type: ignore[arg-type]
+        return self.specs[conn]
+
+    def _detach(self, conn: socket.socket) -> None:
+        """A run went away: a warm server kills what that run left running (its workers die with it)."""
+        self.sel.unregister(conn)
+        self.specs.pop(conn, None)
+        for pid, owner in list(self.owner.items()):
+            if owner is conn and self.warm:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+        conn.close()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.owner.pop(pid, None)
+            if conn is not None and conn.fileno() >= 0:
+                with contextlib.suppress(OSError):
+                    _send(conn, {"exit": pid, "status": os.waitstatus_to_exitcode(status)})
+
+
+def _forks_poisoned() -> bool:
+    """Whether a child forked now would refuse to start CUDA (checked in a real fork).
+
+    torch poisons forks through a ``pthread_atfork`` handler that nothing in
+    the parent can read back, so the only sure answer is a child's.
+    """
+    import torch
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
+
+
+def _become_worker(req: Mapping[str, Any], fds: Sequence[int], pre: Preloaded) -> None:
+    """In the forked child: own session, the parent's pipes on fds 0-2, the lane's environment."""
+    from opgate.validators import worker
+
+    t0 = time.perf_counter()
+    code = 70
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.setsid()
+        for target, fd in zip((0, 1, 2), fds, strict=True):
+            os.dup2(fd, target)
+        for fd in fds:
+            os.close(fd)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 lives as long as the process
+        os.environ.clear()
+        os.environ.update(req["env"])
+        if req.get("cwd"):
+            os.chdir(str(req["cwd"]))  # a warm server's run may start anywhere
+        channel = worker._channel()
+        worker.arm()
+        kind = str(req.get("kind") or pre.kind)
+        if pre.specs is None:  # the warm server could not load them: say why here, in the worker's log
+            from opgate.matrix.spec import load_specs
+
+            pre = dataclasses.replace(pre, specs=load_specs([Path(p) for p in req["ops_paths"]]))
+        code = worker.serve_loop(channel, dataclasses.replace(pre, kind=kind), t0)
+    except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        worker.exit_now(code)
+
+
+def _send(sock: socket.socket, msg: Mapping[str, Any]) -> None:
+    sock.send(json.dumps(msg).encode())
