@@ -114,3 +114,30 @@ def test_ops_take_turns_within_a_cost() -> None:
     order = [(c.op, c.dtype) for c in longest_first(cells)]
     assert order[:3] == [("rms_norm", "fp32"), ("silu_mul", "fp32"), ("rope", "fp32")]
     assert sorted(order) == sorted((c.op, c.dtype) for c in cells)
+
+
+def test_a_set_up_that_waited_for_nvcc_counts_as_build_not_harness() -> None:
+    """The first cells of a CUDA C++ op wait in set-up while nvcc builds its extension."""
+    waited = {**_cell("a", {"compile": 4.0, "correctness": 1.0, "evidence": 0.5}, 6.0), "setup_build_s": 0.4}
+    b = breakdown([waited, *CELLS[1:]], RUN)
+    assert b["work_s"]["build"] == 8.4
+    assert b["harness_s"] == 2.6
+    assert b["harness_parts_s"]["cell set-up outside checks"] == 1.1
+
+
+def test_the_set_up_build_time_travels_from_the_worker_to_results_json() -> None:
+    from opgate.validators.attempts import AttemptView
+    from opgate.validators.checks import CellOutcome
+    from opgate.validators.lanes import Attempt
+    from opgate.validators.result import CellResult, CheckResult, Verdict
+    from opgate.validators.worker import outcome_json
+
+    wire = outcome_json(CellOutcome([CheckResult("correctness", Verdict.PASS, "ok")], setup_build_s=12.5))
+    cell = Cell("rms_norm", "cuda", "2.11.0", "13.0", "sm_90", "fp32", "contiguous", "cudagraphs")
+    view = AttemptView.of(Attempt(wire, 14.0))
+    assert view.setup_build_s == 12.5
+    record = CellResult(cell, Verdict.PASS, {}, duration_s=14.0, setup_build_s=view.setup_build_s)
+    back = CellResult.from_json(json.loads(json.dumps(record.to_json())))
+    assert back.setup_build_s == 12.5
+    plain = CellResult(cell, Verdict.PASS, {}).to_json()
+    assert "setup_build_s" not in plain  # no build in set-up: the record stays as it was

@@ -37,6 +37,7 @@ class AttemptView:
     timed_out: bool = False
     retryable: bool = True
     external: bool = False
+    setup_build_s: float = 0.0  # of duration_s: the set-up's CUDA build (CellOutcome.setup_build_s)
 
     @classmethod
     def of(cls, attempt: Attempt) -> AttemptView:
@@ -63,6 +64,7 @@ class AttemptView:
             timed_out=attempt.timed_out,
             retryable=retryable,
             external=attempt.external,
+            setup_build_s=float(out.get("setup_build_s") or 0.0),
         )
 
     def summary(self) -> str:

@@ -57,6 +57,7 @@ def breakdown(
     cell_s = 0.0
     for cell in ran:
         cell_s += float(cell.get("duration_s") or 0.0)
+        per["build"] += float(cell.get("setup_build_s") or 0.0)  # the set-up's wait for nvcc
         for check in cell.get("checks") or []:
             per[category(str(check.get("name")))] += float(check.get("duration_s") or 0.0)
     cell_work = sum(per.values())

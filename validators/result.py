@@ -129,6 +129,8 @@ class CellResult:
     seed: int | None = None
     repro: str = ""
     attempts: int = 1
+    #: of ``duration_s``: set-up time spent building the op's CUDA extension (the run breakdown's)
+    setup_build_s: float = 0.0
 
     @property
     def id(self) -> str:
@@ -138,6 +140,7 @@ class CellResult:
         return next((c for c in self.checks if c.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
+        extra = {"setup_build_s": round(self.setup_build_s, 3)} if self.setup_build_s >= 0.0005 else {}
         return {
             "id": self.cell.id,
             "axes": self.cell.axes(),
@@ -151,6 +154,7 @@ class CellResult:
             "seed": self.seed,
             "repro": self.repro,
             "attempts": self.attempts,
+            **extra,
         }
 
     @classmethod
@@ -170,6 +174,7 @@ class CellResult:
                 seed=d.get("seed"),
                 repro=str(d.get("repro", "")),
                 attempts=int(d.get("attempts", 1)),
+                setup_build_s=float(d.get("setup_build_s") or 0.0),
             )
         except (KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
             name = d.get("id", "?") if isinstance(d, Mapping) else "?"

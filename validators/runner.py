@@ -420,6 +420,7 @@ class Runner:
             checks=checks,
             kernels=kernels,
             duration_s=sum(v.duration_s for v in views),
+            setup_build_s=sum(v.setup_build_s for v in views),
             reason=reason,
             seed=seed,
             repro=self._repro(self._scheduled_controls.get(cell.id, cell), seed),

@@ -73,6 +73,7 @@ def outcome_json(outcome: Any) -> dict[str, Any]:
         "kernels": [str(k) for k in outcome.kernels],
         "reason": str(getattr(outcome, "reason", "") or ""),
         "verdict": None if verdict is None else str(getattr(verdict, "value", verdict)),
+        "setup_build_s": float(getattr(outcome, "setup_build_s", 0.0) or 0.0),
     }
 
 

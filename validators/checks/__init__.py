@@ -44,6 +44,9 @@ class CellOutcome:
     kernels: list[str] = field(default_factory=list)
     reason: str = ""
     verdict: Verdict | None = None
+    #: seconds of the set-up spent building the op's CUDA extension (or waiting for another
+    #: cell's nvcc to): build work, which the run breakdown must not count as set-up
+    setup_build_s: float = 0.0
 
 
 def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:

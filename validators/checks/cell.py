@@ -206,6 +206,13 @@ def _oracle_refused(ctx: CellContext) -> CheckResult | None:
     return None if problem is None else CheckResult("oracle", Verdict.ERROR, problem, {"problem": problem})
 
 
+def _built_s() -> float:
+    """Seconds this worker has spent building CUDA extensions so far (validators.cuda_build)."""
+    from opgate.validators.cuda_build import BUILD_SECONDS
+
+    return BUILD_SECONDS[0]
+
+
 def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:
     """The agreed entry point (see :func:`validators.checks.run_cell`)."""
     from opgate.validators.checks import CellOutcome
@@ -237,6 +244,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     workdir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
+    built_before = _built_s()
     with fresh_compiler_state(device == "cpu"), poisoned_allocations():
         try:
             ctx = build_context(cell, spec, device, seed, workdir)
@@ -247,7 +255,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
             return _setup_failed(cell, impl, exc)
         ctx.artifact = make_artifact(cell.mode, ctx.op, spec.dynamic_shapes, workdir)
         refused = _oracle_refused(ctx)
-        t_setup = time.perf_counter()
+        t_setup, setup_build_s = time.perf_counter(), _built_s() - built_before
         if refused is not None:
             results = [refused]
         elif ctx.impl.unsupported_reason(cell.id) is not None:
@@ -265,9 +273,10 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
         t_checks = time.perf_counter()
     # where a slow cell's time went outside its checks (the checks time themselves), in its log
     print(
-        f"=== set-up {t_setup - t0:.2f} s (op, inputs, oracle), checks {t_checks - t_setup:.2f} s, "
+        f"=== set-up {t_setup - t0:.2f} s (op, inputs, oracle; {setup_build_s:.2f} s of it the op's "
+        f"CUDA build), checks {t_checks - t_setup:.2f} s, "
         f"compiler reset {time.perf_counter() - t_checks:.2f} s",
         file=sys.stderr,
     )
     verdict = combine(results)
-    return CellOutcome(results, list(ctx.kernels), _reason(results, verdict), None)
+    return CellOutcome(results, list(ctx.kernels), _reason(results, verdict), None, round(setup_build_s, 3))
