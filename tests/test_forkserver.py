@@ -137,17 +137,3 @@ def test_build_workers_fork_from_a_server_of_their_own(tmp_path: Path) -> None:
         finally:
             launcher.stop()
     assert not Launcher(WorkerConfig(logs=tmp_path)).forks("cpu")  # no server: spares stay useful
-
-
-def test_the_triton_warm_up_kernel_is_valid_triton(tmp_path: Path) -> None:
-    """Run it under Triton's interpreter: a broken kernel would only ever print a warning on a GPU."""
-    import subprocess
-    import sys
-
-    code = (
-        "import torch\nfrom opgate.validators import cuda_warmup\n"
-        "x = torch.zeros(16)\ncuda_warmup._add_one[(1,)](x, 16, block=16)\nprint(int(x.sum()))\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
-    assert proc.stdout.strip() == "16", proc.stderr

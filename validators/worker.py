@@ -302,9 +302,8 @@ def warm_cuda(torch: Any) -> None:
     """Create the CUDA context before saying hello, so no cell pays for it.
 
     A throw-away worker (an isolated cell's) is started while the lane's
-    previous cell runs: made here, its context (~0.5 s on an H200) and
-    Triton's first launch (:mod:`validators.cuda_warmup`, ~0.5 s) are ready
-    when the cell arrives instead of inside the cell's set-up and first check.  A device that
+    previous cell runs: made here, its context (~0.5 s on an H200) is ready
+    when the cell arrives instead of inside the cell's set-up.  A device that
     cannot start is left for the cell to report: the worker still says hello.
     """
     try:
@@ -312,13 +311,6 @@ def warm_cuda(torch: Any) -> None:
         torch.cuda.synchronize()
     except (RuntimeError, AssertionError) as exc:
         print(f"opgate: CUDA did not start before the first cell: {exc}", file=sys.stderr)
-        return
-    try:  # Triton's first launch in this process, here instead of in the first cell's first check
-        from opgate.validators import cuda_warmup
-
-        cuda_warmup.launch(torch)
-    except Exception as exc:  # noqa: BLE001 - no Triton, or it cannot launch: the cells will say
-        print(f"opgate: the Triton warm-up kernel did not run: {exc}", file=sys.stderr)
 
 
 def serve_loop(channel: IO[str], pre: Preloaded, t0: float) -> int:
