@@ -303,7 +303,13 @@ def warm_cuda(torch: Any) -> None:
 
     A throw-away worker (an isolated cell's) is started while the lane's
     previous cell runs: made here, its context (~0.5 s on an H200) is ready
-    when the cell arrives instead of inside the cell's set-up.  A device that
+    when the cell arrives instead of inside the cell's set-up.  Nothing more
+    is warmed here: a 16-element Triton kernel launched at this point (to move
+    Triton's first-launch cost, 0.5 s of a fresh worker's first check on the
+    H200, out of the cell) changed verdicts there: six zero-size eager cells
+    failed opcheck's output-alias comparison and 15 misaligned cudagraphs
+    cells errored (``results/runs/h200-warmup-kernel``).  A cell must meet the
+    allocator and Triton state of a fresh process.  A device that
     cannot start is left for the cell to report: the worker still says hello.
     """
     try:
