@@ -18,6 +18,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -49,6 +50,9 @@ def serve_forks(  # noqa: PLR0917 - the worker's command line, argument for argu
     listener = _bind(listen) if listen else None
     if listen and listener is None:
         return 0  # another warm server holds the path: runs connect to it
+    if listener is not None:  # what ``opgate servers`` lists, written as soon as the path is ours
+        note = {"pid": os.getpid(), "kind": kind, "path": listen, "started": time.time(), "idle_s": idle_s}
+        Path(listen).with_suffix(".json").write_text(json.dumps(note) + "\n")
     # ``torch.cuda.is_available()`` asks the CUDA runtime for a device count, and
     # that alone marks every later fork "bad" (CUDA can then never start in the
     # child), though ``is_initialized()`` stays False.  Triton's driver probe and
@@ -72,14 +76,11 @@ def serve_forks(  # noqa: PLR0917 - the worker's command line, argument for argu
         if listener is not None:
             _unbind(listener, listen)
         return 3  # never ready: the launcher starts fresh interpreters instead
-    loop = _Loop(pre, round(time.perf_counter() - t0, 3), listener, idle_s)
+    loop = _Loop(pre, round(time.perf_counter() - t0, 3), listener, listen, idle_s)
     if fd is not None:
         loop.attach(socket.socket(fileno=fd), reused=False)
     if listener is not None:
-        loop.path = listen
         signal.signal(signal.SIGTERM, _terminate)  # ``opgate servers --stop``: tidy up, then go
-        note = {"pid": os.getpid(), "kind": kind, "path": listen, "started": time.time(), "idle_s": idle_s}
-        Path(listen).with_suffix(".json").write_text(json.dumps(note) + "\n")
     try:
         return loop.run()
     finally:
@@ -101,7 +102,7 @@ def import_snapshot() -> dict[str, tuple[int, int]]:
     for path in [f for f in files if isinstance(f, str)] + [d for d in sys.path[1:] if d]:
         with contextlib.suppress(OSError):
             st = Path(path).stat()
-            seen[path] = (st.st_mtime_ns, 0 if Path(path).is_dir() else st.st_size)
+            seen[path] = (st.st_mtime_ns, 0 if stat.S_ISDIR(st.st_mode) else st.st_size)
     return seen
 
 
@@ -144,7 +145,7 @@ class _Loop:
     """The server's event loop: runs connect, ask for forks, hear of their workers' exits."""
 
     def __init__(
-        self, pre: Preloaded, preload_s: float, listener: socket.socket | None, idle_s: float
+        self, pre: Preloaded, preload_s: float, listener: socket.socket | None, path: str, idle_s: float
     ) -> None:
         self.pre, self.preload_s, self.listener, self.idle_s = pre, preload_s, listener, idle_s
         self.ready_at = time.monotonic()
@@ -152,7 +153,7 @@ class _Loop:
         self.owner: dict[int, socket.socket] = {}  # worker pid -> the run that asked for it
         self.specs: dict[socket.socket, Preloaded] = {}  # per run of a warm server: its own specs
         self.served = 0
-        self.path = ""  # a warm server's socket path
+        self.path = path  # a warm server's socket path
         self.warm = listener is not None
         self.snapshot = import_snapshot() if self.warm else {}
         wake_r, wake_w = os.pipe()
@@ -250,15 +251,11 @@ class _Loop:
         if conn not in self.specs:
             from opgate.matrix.spec import load_specs
 
-            cwd = Path.cwd()
-            try:
-                os.chdir(str(req.get("cwd") or cwd))
+            try:  # the run sends its paths resolved: nothing here depends on the server's folder
                 specs = load_specs([Path(p) for p in req["ops_paths"]])
             except Exception as exc:  # noqa: BLE001 - a bad spec is the run's error, never the server's
                 print(f"fork server: specs did not load ({exc}); the worker loads them", file=sys.stderr)
                 specs = None
-            finally:
-                os.chdir(cwd)
             self.specs[conn] = dataclasses.replace(self.pre, specs=specs)  # type: ignore[arg-type]
         return self.specs[conn]
 

@@ -85,6 +85,7 @@ class ForkServer:
         self.log = log
         self.ready = False
         self.reused = False  # a warm server that an earlier run started: no import paid here
+        self.stale = ""  # why a warm server declined this run (it imported files changed since)
         self.failed = ""
         self.preload_s = 0.0
         self.closed = False  # the server hung up (or died): no fork, no exit report will come
@@ -105,6 +106,7 @@ class ForkServer:
         self.ready = bool(msg.get("ready"))
         self.preload_s = float(msg.get("preload_s") or 0.0)
         self.reused = bool(msg.get("reused"))
+        self.stale = str(msg.get("stale") or "")
         return self.ready
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> bool:
@@ -163,6 +165,10 @@ class ForkServer:
                 raise OSError("fork server did not answer a fork request")
             if "pid" in msg:
                 return ForkedProcess(int(msg["pid"]), in_w, out_r, self)
+
+    def hear(self, timeout_s: float) -> None:
+        """Take the server's answer if it comes within ``timeout_s`` (one still importing sends none yet)."""
+        self._recv(timeout_s)
 
     def poll_exits(self) -> None:
         """Collect exit reports that arrived (non-blocking)."""

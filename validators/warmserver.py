@@ -40,7 +40,6 @@ import fcntl
 import hashlib
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -51,7 +50,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from opgate.validators.forkserver import MAX_MSG, ForkServer
+from opgate.validators.forkserver import ForkServer
 
 #: Environment variables that can shape what a server imports (read at import time by torch,
 #: Inductor, Triton, the CUDA libraries, Python itself or opgate): part of the server's key.
@@ -138,21 +137,6 @@ def _connect(path: Path) -> socket.socket | None:
     return sock
 
 
-def _first_message(sock: socket.socket, timeout_s: float) -> dict[str, Any] | None:
-    """The server's answer if it comes within ``timeout_s`` (a server still importing sends none yet)."""
-    ready, _, _ = select.select([sock], [], [], timeout_s)
-    if not ready:
-        return None
-    try:
-        data = sock.recv(MAX_MSG)
-    except OSError:
-        return {"stale": "connection reset"}
-    if not data:
-        return {"stale": "closed the connection"}
-    msg: dict[str, Any] = json.loads(data)
-    return msg
-
-
 def connect(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -175,13 +159,15 @@ def connect(
     request = {"ops_paths": [str(Path(p).resolve()) for p in ops_paths], "cwd": str(Path.cwd())}
     with _locked(path):
         sock = _connect(path)
-        first = _first_message(sock, 1.0) if sock is not None else None
-        if sock is not None and first is not None and first.get("stale"):
-            _note(log, f"warm server {path.name} was stale ({first['stale']}); starting a new one")
-            sock.close()
-            sock = None
-        proc = None
-        if sock is None:
+        server = ForkServer(argv, env, log, connection=sock, request=request) if sock is not None else None
+        if server is not None:
+            server.hear(1.0)
+            if server.stale or server.closed:
+                why = server.stale or "it hung up"
+                _note(log, f"warm server {path.name} was stale ({why}); starting a new one")
+                server.stop()
+                server = None
+        if server is None:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()  # a stale path (its server gone, or stopping)
             proc = _spawn(argv, env, path, idle_s)
@@ -190,11 +176,11 @@ def connect(
                 why = f"warm server did not start (see {path.with_suffix('.log')})"
                 _note(log, f"{why}; this run starts its own")
                 return None
-            first = None
-    server = ForkServer(argv, env, log, connection=sock, proc=proc, request=request)
-    if first is not None:
-        server._hello(first)
-    _note(log, f"{'reusing' if proc is None else 'started'} warm server {path} (idle exit {idle_s:g} s)")
+            server = ForkServer(argv, env, log, connection=sock, proc=proc, request=request)
+    _note(
+        log,
+        f"{'started' if server.proc is not None else 'reusing'} warm server {path} (idle exit {idle_s:g} s)",
+    )
     return server
 
 
