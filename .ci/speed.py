@@ -142,6 +142,38 @@ def _row(r: dict[str, Any]) -> str:
     )
 
 
+def _ratio(probe: str, by: dict[str, dict[str, Any]]) -> list[str]:
+    """cold / one-op, nothing-changed, and the bound the changed op's own cell time sets."""
+    base = by.get("cold") or by.get("warm")
+    if not base or "one-op" not in by:
+        return []
+    ratio = base["process_wall_s"] / max(by["one-op"]["process_wall_s"], 1e-9)
+    nothing = by["nothing"]["process_wall_s"]
+    line = f"{base['scenario']} / one-op: {ratio:.1f}x; nothing changed: {nothing:.1f} s"
+    return ["", line, *_bound(probe, base, by["one-op"])]
+
+
+def _bound(probe: str, base: dict[str, Any], one: dict[str, Any]) -> list[str]:
+    """How fast a one-op run could be at best: the changed op's cell time spread over the lanes."""
+    op = Path(probe).parent.name
+    cold, changed = (r.get("breakdown") or {} for r in (base, one))
+    total = sum((cold.get("by_op_s") or {}).values())
+    share = (cold.get("by_op_s") or {}).get(op, 0.0)
+    work = (changed.get("by_op_s") or {}).get(op, 0.0)
+    lanes = len(changed.get("lanes") or [])
+    if not (total and share and work and lanes):
+        return []
+    best = work / lanes
+    pct = 100 * share / total
+    ran = one["breakdown"].get("cells_ran")
+    line = (
+        f"{op}: {share:.0f} of the {base['scenario']} run's {total:.0f} cell lane-s ({pct:.1f}%); its {ran} "
+        f"cells took {work:.0f} lane-s in the one-op run: {best:.1f} s on {lanes} lanes with no harness "
+        f"at all, {base['process_wall_s'] / best:.1f}x at best"
+    )
+    return [line]
+
+
 def _summary(
     args: argparse.Namespace, run_args: list[str], records: list[dict[str, Any]], runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -242,12 +274,7 @@ def main() -> int:
         "|---|---|---|---|---|---|---|---|---|",
         *(_row(r) for r in records),
     ]
-    base = by.get("cold") or by.get("warm")
-    if base and "one-op" in by:
-        lines.append("")
-        ratio = base["process_wall_s"] / max(by["one-op"]["process_wall_s"], 1e-9)
-        nothing = by["nothing"]["process_wall_s"]
-        lines.append(f"{base['scenario']} / one-op: {ratio:.1f}x; nothing changed: {nothing:.1f} s")
+    lines += _ratio(args.probe, by)
     if args.keep_warm:
         lines.append("")
         lines.append(

@@ -63,6 +63,20 @@ def test_breakdown_splits_capacity_into_work_and_harness() -> None:
     assert "15.0%" in text
 
 
+def test_cell_time_is_split_by_op_largest_first() -> None:
+    """What a change to one op can cost at best: its cells' time on the lanes, set-up included."""
+    cells = [
+        {**_cell("rope.triton-pt2.13-cpu-fp32-contiguous-eager", {"correctness": 1.0}, 2.0)},
+        {**_cell("x", {"compile": 4.0}, 5.0), "axes": {"op": "rms_norm"}},
+        {**_cell("y", {"compile": 1.0}, 1.5), "axes": {"op": "rope"}},
+        _cell("cached", {"compile": 100.0}, 100.0),
+    ]
+    b = breakdown(cells, RUN)
+    assert b["by_op_s"] == {"rms_norm": 5.0, "rope": 3.5}
+    assert list(b["by_op_s"]) == ["rms_norm", "rope"]
+    assert "cell time by op: rms_norm 5.0 s (59%), rope 3.5 s (41%)" in format_breakdown(b)
+
+
 def test_controls_are_work_not_harness() -> None:
     """A control holds a lane as long as a cell does: its seconds are the run's work, not the harness's."""
     check = {"name": "cudagraphs", "status": "pass", "duration_s": 2.0}

@@ -9,6 +9,11 @@ cell's set-up (inputs, the float64 oracle, resets), scheduling, and lanes idle
 while the last cells finish.  That share is the figure to keep small: it is
 the part no faster kernel or warmer cache will shrink.
 
+Each op's cell time (``by_op_s``) bounds what re-validating a change to that
+op can cost at best: its cells' lane-seconds spread over the lanes.  An op
+with a tenth of the matrix's cell time cannot be re-validated 10x faster than
+the whole matrix by any scheduling; only less work per cell gets there.
+
 ``opgate breakdown DIR`` prints it for a finished run folder;
 the runner also stores it in ``run.json``.
 """
@@ -47,6 +52,14 @@ def _lane(worker_name: str) -> str:
     return parts[1] if len(parts) >= 3 else worker_name
 
 
+def _op(cell: Mapping[str, Any]) -> str:
+    """The cell's op: its ``axes``, else its id's first part (``rope.triton-pt2.13-...`` -> ``rope``)."""
+    axes = cell.get("axes")
+    if isinstance(axes, Mapping) and axes.get("op"):
+        return str(axes["op"])
+    return str(cell.get("id") or "?").split(".", 1)[0]
+
+
 def breakdown(
     cells: Sequence[Mapping[str, Any]], run: Mapping[str, Any], controls: Sequence[Mapping[str, Any]] = ()
 ) -> dict[str, Any]:
@@ -55,8 +68,11 @@ def breakdown(
     ran = [c for c in cells if c.get("id") not in cached and c.get("checks")]
     per: dict[str, float] = dict.fromkeys(ORDER, 0.0)
     cell_s = 0.0
+    by_op: dict[str, float] = {}
     for cell in ran:
         cell_s += float(cell.get("duration_s") or 0.0)
+        op = _op(cell)
+        by_op[op] = by_op.get(op, 0.0) + float(cell.get("duration_s") or 0.0)
         per["build"] += float(cell.get("setup_build_s") or 0.0)  # the set-up's wait for nvcc
         for check in cell.get("checks") or []:
             per[category(str(check.get("name")))] += float(check.get("duration_s") or 0.0)
@@ -88,6 +104,9 @@ def breakdown(
             "cell set-up outside checks": round(max(cell_s - cell_work, 0.0), 2),
         },
         "workers_started": len(workers),
+        # each op's cells on their lanes (set-up included), largest first: a change to one op re-runs
+        # its share, so ``by_op_s[op] / len(lanes)`` is the least wall a run of that op alone can take
+        "by_op_s": {op: round(secs, 2) for op, secs in sorted(by_op.items(), key=lambda kv: -kv[1])},
     }
 
 
@@ -103,4 +122,11 @@ def format_breakdown(b: Mapping[str, Any]) -> str:
     lines.append(f"  {'harness':<12} {b['harness_s']:9.1f} s  {100 * b['harness_share']:5.1f}%")
     for name, secs in b["harness_parts_s"].items():
         lines.append(f"    {name}: {secs:.1f} s")
+    by_op = b.get("by_op_s") or {}
+    if by_op:
+        total = sum(by_op.values()) or 1.0
+        top = list(by_op.items())[:8]
+        shown = ", ".join(f"{op} {secs:.1f} s ({100 * secs / total:.0f}%)" for op, secs in top)
+        more = f", {len(by_op) - 8} more" if len(by_op) > 8 else ""
+        lines.append(f"  cell time by op: {shown}{more}")
     return "\n".join(lines)
