@@ -168,13 +168,18 @@ class Pool:
         for lane in self.lanes:
             if lane.task is None or self._failures[lane.task.kind]:
                 continue
+            if lane.current is not None and not lane.current.ready:
+                # Not while the lane's own worker starts: CUDA contexts made together slow each other
+                # (on the H200, 16 at once took 2.1-2.3 s each, one alone 0.3 s), so a spare started
+                # beside the first workers delays every lane's first cell.  Once the lane's worker is
+                # up its cell runs for seconds: time enough for the next worker.
+                continue
             nxt = lane.pick(self._pending)
             spare_kind = nxt.kind if nxt is not None and nxt.fresh else None
             if (
                 spare_kind is None
                 and self.keep_spare
                 and lane.current is not None
-                and lane.current.ready  # not before: spares must not slow the first start-ups
                 and not self.launcher.forks(lane.task.kind)  # a fork is ready in ms when a re-run needs it
             ):
                 spare_kind = lane.task.kind
