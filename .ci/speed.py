@@ -165,7 +165,7 @@ def _bound(probe: str, base: dict[str, Any], one: dict[str, Any]) -> list[str]:
         return []
     best = work / lanes
     pct = 100 * share / total
-    ran = one["breakdown"].get("cells_ran")
+    ran = changed.get("cells_ran")
     line = (
         f"{op}: {share:.0f} of the {base['scenario']} run's {total:.0f} cell lane-s ({pct:.1f}%); its {ran} "
         f"cells took {work:.0f} lane-s in the one-op run: {best:.1f} s on {lanes} lanes with no harness "

@@ -70,9 +70,10 @@ def breakdown(
     cell_s = 0.0
     by_op: dict[str, float] = {}
     for cell in ran:
-        cell_s += float(cell.get("duration_s") or 0.0)
+        secs = float(cell.get("duration_s") or 0.0)
+        cell_s += secs
         op = _op(cell)
-        by_op[op] = by_op.get(op, 0.0) + float(cell.get("duration_s") or 0.0)
+        by_op[op] = by_op.get(op, 0.0) + secs
         per["build"] += float(cell.get("setup_build_s") or 0.0)  # the set-up's wait for nvcc
         for check in cell.get("checks") or []:
             per[category(str(check.get("name")))] += float(check.get("duration_s") or 0.0)
