@@ -137,3 +137,39 @@ def test_build_workers_fork_from_a_server_of_their_own(tmp_path: Path) -> None:
         finally:
             launcher.stop()
     assert not Launcher(WorkerConfig(logs=tmp_path)).forks("cpu")  # no server: spares stay useful
+
+
+PRECOMPUTED_PROBE = """
+import os, sys
+from opgate.validators import worker
+worker.preload([], "cpu")
+from triton.backends.nvidia.compiler import get_ptxas_version
+from triton.runtime.cache import triton_key
+before = (triton_key.cache_info().misses, get_ptxas_version.cache_info().currsize)
+pid = os.fork()
+if pid == 0:  # a worker: its first compile asks for the key, and must find it computed
+    hits = triton_key.cache_info().hits
+    triton_key()
+    info = triton_key.cache_info()
+    os._exit(0 if (info.hits, info.misses) == (hits + 1, 1) else 7)
+_, status = os.waitpid(pid, 0)
+print(before, os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_worker_inherits_the_compile_keys_its_server_computed() -> None:
+    """Triton's key (a hash of libtriton.so) and ptxas' version are computed once, in the server.
+
+    Without it every fresh worker computed them inside its first cell: on the
+    H200, 0.45 s of a cudagraphs cell's fake_meta check and 0.4-0.6 s of its
+    cudagraphs check (results/runs/h200-firstcell).
+    """
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", PRECOMPUTED_PROBE], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # computed once before the fork (one miss; sm_80 and sm_90 ptxas), then only hits in the child (exit 0)
+    assert done.stdout.strip().splitlines()[-1] == "(1, 2) 0", done.stdout + done.stderr[-2000:]

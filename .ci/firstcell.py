@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Where a fresh worker's first cell spends its time: each cell in its own forked child, profiled.
+
+    python3 .ci/firstcell.py --select 'rope.*-cudagraphs' --n 4 --out out/firstcell [--kind cuda]
+        [--no-precompute]
+
+This process preloads as a fork server does (:func:`opgate.validators.worker.preload`),
+then forks one child per cell, as an isolated cell's worker is forked: the child makes
+its CUDA context (a worker does before its hello), then runs the cell while a thread
+samples its stack every 5 ms (the checks use ``sys.setprofile`` themselves, so cProfile
+cannot).  Per cell it writes the check durations and the sampled functions, inclusive
+and leaf (``<out>/<n>.txt``) and one JSON line to ``<out>/cells.jsonl``.
+``--no-precompute`` leaves out what the server computes before forking
+(:func:`opgate.validators.worker.precompute_keys`), so the difference is what each fresh
+worker would pay.  A diagnostic: the verdicts of these children are not opgate's
+verdicts (no retries, no cache, every check of the mode, perf included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import fnmatch
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+class Sampler(threading.Thread):
+    """Samples one thread's stack: per function, the seconds it was on the stack and at its top."""
+
+    def __init__(self, ident: int, every_s: float = 0.005) -> None:
+        super().__init__(daemon=True)
+        self.target, self.every_s = ident, every_s
+        self.inclusive: collections.Counter[str] = collections.Counter()
+        self.leaf: collections.Counter[str] = collections.Counter()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            frame = sys._current_frames().get(self.target)
+            seen: set[str] = set()
+            leaf = True
+            while frame is not None:
+                code = frame.f_code
+                where = code.co_filename.rsplit("site-packages/", 1)[-1]
+                name = f"{where}:{code.co_firstlineno}({code.co_name})"
+                if leaf:
+                    self.leaf[name] += 1
+                    leaf = False
+                if name not in seen:
+                    seen.add(name)
+                    self.inclusive[name] += 1
+                frame = frame.f_back
+
+    def report(self, top: int) -> str:
+        lines = []
+        for title, counter in (("on the stack", self.inclusive), ("at the top", self.leaf)):
+            lines.append(f"-- {title} (s)")
+            lines += [f"{n * self.every_s:8.2f}  {name}" for name, n in counter.most_common(top)]
+        return "\n".join(lines) + "\n"
+
+
+def _child(cell: Any, spec: Any, run_cell: Any, args: argparse.Namespace, n: int) -> None:
+    kind, out, top = args.kind, args.out, args.top
+    import torch
+
+    from opgate.validators.result import combine
+    from opgate.validators.worker import warm_cuda
+
+    t0 = time.perf_counter()
+    if kind == "cuda":
+        warm_cuda(torch)
+    context_s = time.perf_counter() - t0
+    sampler = Sampler(threading.get_ident())
+    t1 = time.perf_counter()
+    sampler.start()
+    result = run_cell(cell, spec, "cuda:0" if kind == "cuda" else "cpu", 1234, out / f"work-{n}")
+    sampler.stop.set()
+    sampler.join()
+    cell_s = time.perf_counter() - t1
+    checks = {c.name: round(c.duration_s, 3) for c in result.checks}
+    line = {
+        "cell": cell.id,
+        "verdict": (result.verdict or combine(result.checks)).value,
+        "context_s": round(context_s, 3),
+        "cell_s": round(cell_s, 3),
+        "checks": checks,
+    }
+    (out / f"{n}.txt").write_text(json.dumps(line) + "\n" + sampler.report(top))
+    with (out / "cells.jsonl").open("a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--select", required=True, help="glob over cell ids")
+    ap.add_argument("--n", type=int, default=4, help="how many of the selected cells")
+    ap.add_argument("--kind", default="cuda", choices=("cpu", "cuda"))
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--top", type=int, default=40, help="profile lines per ordering")
+    ap.add_argument("--no-precompute", action="store_true")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # as the fork server: forks stay usable
+    from opgate.validators import worker
+
+    if args.no_precompute:
+        worker.precompute_keys = lambda **_: None  # type: ignore[assignment]
+    t = time.perf_counter()
+    specs, run_cell = worker.preload([], args.kind)
+    server = {"preload_s": round(time.perf_counter() - t, 3)}
+    print(json.dumps(server), file=sys.stderr)
+    import torch
+
+    from opgate.matrix.config import load_config
+    from opgate.matrix.expand import expand
+
+    cells = [
+        c for c in expand(load_config(None), specs, torch.__version__) if fnmatch.fnmatch(c.id, args.select)
+    ]
+    if not cells:
+        print(f"no cell matches {args.select!r}", file=sys.stderr)
+        return 2
+    for n, cell in enumerate(cells[: args.n]):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                _child(cell, specs[cell.op], run_cell, args, n)
+            except BaseException:  # noqa: BLE001 - the child must never return into the parent's loop
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        os.waitpid(pid, 0)
+        print(
+            Path(args.out / f"{n}.txt").read_text().splitlines()[0]
+            if (args.out / f"{n}.txt").exists()
+            else f"{cell.id}: no result",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
