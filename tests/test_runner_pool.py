@@ -83,7 +83,12 @@ def test_a_host_lane_takes_its_own_cells_first_then_borrows_its_gpu() -> None:
     assert lending.pick([cuda, build]) is build  # builds first, though later in the order
     assert lending.pick([cuda]) is cuda
     assert Lane("cpu0", host=True).pick([cuda]) is None  # no GPU lent: host cells only
-    assert Lane("gpu0", gpu=h200).pick([build]) is None  # a GPU lane never takes host cells
+    assert Lane("gpu0", gpu=h200).pick([build]) is None  # a GPU lane that does not lend: never host cells
+    lends = Lane("gpu0", gpu=h200, lends=True)
+    importing = {"cuda": False, "build": True}
+    assert lends.pick([cuda, build], lambda t: importing[t.kind]) is build  # its own cannot start yet
+    assert lends.pick([build, cuda], lambda t: True) is cuda  # its own first once they can
+    assert lends.pick([build]) is None  # planning its next worker: its own cells only
 
 
 @pytest.mark.integration
@@ -116,14 +121,14 @@ def test_host_lanes_join_the_gpu_only_where_it_is_shared(tmp_path: Path, gpu_wor
 
 
 class ImportingServer(Launcher):
-    """Fresh interpreters, but the cpu kind's server is 'still importing' until ``ready_at``."""
+    """Fresh interpreters, but one kind's server is 'still importing' until ``ready_at``."""
 
-    def __init__(self, config: WorkerConfig, ready_at: float) -> None:
+    def __init__(self, config: WorkerConfig, ready_at: float, kind: str = "cpu") -> None:
         super().__init__(config)
-        self.ready_at = ready_at
+        self.ready_at, self.kind = ready_at, kind
 
     def startable(self, kind: str) -> bool:
-        return kind != "cpu" or time.monotonic() >= self.ready_at
+        return kind != self.kind or time.monotonic() >= self.ready_at
 
     def importing(self) -> bool:
         return time.monotonic() < self.ready_at
@@ -148,6 +153,35 @@ def test_a_lane_takes_a_cell_whose_server_is_ready_while_another_imports(tmp_pat
     assert done[build.cell.id] < 1.5  # it ran while the cpu server imported
     assert done[cpu.cell.id] >= 1.5  # and the cpu cell once that server was ready
     assert [w.kind for w in pool.workers] == ["build", "cpu"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("gpu_workers", [1, 2])
+def test_gpu_lanes_take_builds_while_the_cuda_server_imports(tmp_path: Path, gpu_workers: int) -> None:
+    """Three builds, one host lane, and the cuda server imports for 1.5 s: GPU lanes that lend build too."""
+    builds = [task(tmp_path, shapes=f"b{i}") for i in range(3)]
+    for build in builds:
+        build.kind = "build"
+    cuda = [task(tmp_path, "sm_90", shapes=f"s{i}") for i in range(2)]
+    config = WorkerConfig(logs=tmp_path / "workers", module=FAKE, threads=3)
+    t0 = time.monotonic()
+    launcher = ImportingServer(config, ready_at=t0 + 1.5, kind="cuda")
+    pool = Pool(config, 1, [Gpu(0, "NVIDIA H200", "9.0")], gpu_workers=gpu_workers, launcher=launcher)
+    done: dict[str, tuple[float, str]] = {}
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        assert a.outcome["checks"][0]["status"] == "pass", a.outcome
+        done[t.cell.id] = (time.monotonic() - t0, a.worker)
+        return []
+
+    pool.run([*cuda, *builds], on_done)
+    assert all(done[t.cell.id][0] >= 1.5 for t in cuda)  # cuda cells wait for their server
+    on_gpu_lanes = [t for t in builds if done[t.cell.id][1].startswith("build-gpu0")]
+    if gpu_workers == 1:
+        assert not on_gpu_lanes  # a GPU with one worker keeps its lane
+    else:
+        assert len(on_gpu_lanes) == 2  # one on each GPU lane, beside the host lane's
+        assert all(done[t.cell.id][0] < 1.5 for t in builds)  # all of them while the server imported
 
 
 def test_visible_device_maps_through_the_parents_list() -> None:

@@ -16,6 +16,9 @@ from opgate.matrix.cell import Cell
 from opgate.validators.device import Gpu
 from opgate.validators.workerproc import WorkerProcess
 
+#: The kinds of cell a host lane runs (no GPU: compiled or interpreted on the host).
+HOST_KINDS = ("cpu", "build")
+
 
 @dataclass
 class Task:
@@ -52,13 +55,19 @@ class Lane:
 
     A host lane given a ``gpu`` *borrows* it: it takes that GPU's cuda cells
     once no host cell is waiting (:meth:`pick`), so on a GPU machine the build
-    lanes do not sit idle after the builds (the pool lends only where several
-    workers share each GPU already: a run that gives a GPU one worker keeps it so).
+    lanes do not sit idle after the builds.  The other way round, a GPU lane
+    that ``lends`` takes host cells while none of its own can start: while the
+    cuda fork server imports Dynamo and Inductor (10-14 s on the H200), six
+    GPU lanes otherwise waited beside two host lanes working through the
+    builds.  The pool lends only where several workers share each GPU already:
+    a run that gives a GPU one worker keeps it so, both ways.
     """
 
     name: str
     gpu: Gpu | None = None
     host: bool = False
+    #: a GPU lane that takes host cells while none of its own can start (see above)
+    lends: bool = False
     reusable: WorkerProcess | None = None
     spare: WorkerProcess | None = None
     current: WorkerProcess | None = None
@@ -67,22 +76,28 @@ class Lane:
     deadline: float = 0.0
 
     def can_run(self, task: Task) -> bool:
-        if task.kind in ("cpu", "build"):
+        """Whether the task is this lane's own (a host lane's borrowed cuda cells count)."""
+        if task.kind in HOST_KINDS:
             return self.host
         return task.kind == "cuda" and self.gpu is not None and task.arch == self.gpu.arch
 
     def pick(self, pending: Iterable[Task], startable: Callable[[Task], bool] | None = None) -> Task | None:
-        """The next task for this lane: a host lane's own cells before any cuda cell it may borrow.
+        """The next task for this lane: its own cells before any it may borrow.
 
         With ``startable``, only tasks it accepts (their worker can start now):
         a lane takes a build cell while the cuda server still imports, rather
-        than wait for it.
+        than wait for it.  Without it (planning the next worker) a GPU lane
+        borrows nothing: it is its own cells it prepares for.
         """
         borrowed = None
         for task in pending:
-            if self.can_run(task) and (startable is None or startable(task)):
+            if startable is not None and not startable(task):
+                continue
+            if self.can_run(task):
                 if not (self.host and task.kind == "cuda"):
                     return task
+                borrowed = borrowed or task
+            elif self.lends and startable is not None and task.kind in HOST_KINDS:
                 borrowed = borrowed or task
         return borrowed
 

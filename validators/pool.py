@@ -4,7 +4,8 @@ A *lane* runs one cell at a time: ``--jobs`` host lanes (cpu and build cells)
 and ``--gpu-workers`` lanes per visible GPU (cuda cells of that GPU's arch).
 With several workers per GPU, the host lanes also take cuda cells once no
 host cell waits (:class:`validators.lanes.Lane`): builds are few and early,
-and a build lane idle for the rest of the run is capacity nobody uses.  A
+and a build lane idle for the rest of the run is capacity nobody uses; and
+the GPU lanes take build cells while the cuda server still imports.  A
 lane keeps a reusable worker (torch imported once for many cells) and, for
 cells that must be isolated (AOTI, CUDA graphs, re-runs), a throw-away worker
 that is started while the previous cell still runs (a *spare*).  Workers are
@@ -78,7 +79,7 @@ class Pool:
             for i in range(max(1, host_lanes))
         ]
         self.lanes += [
-            Lane(f"gpu{g.index}" + (f".{k}" if k else ""), gpu=g)
+            Lane(f"gpu{g.index}" + (f".{k}" if k else ""), gpu=g, lends=lend)
             for k in range(max(1, gpu_workers))
             for g in gpus
         ]
