@@ -109,10 +109,8 @@ def main() -> int:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # as the fork server: forks stay usable
     from opgate.validators import worker
 
-    if args.no_precompute:
-        worker.precompute_keys = lambda **_: None  # type: ignore[assignment]
     t = time.perf_counter()
-    specs, run_cell = worker.preload([], args.kind)
+    specs, run_cell = worker.preload([], args.kind, for_forks=not args.no_precompute)
     server = {"preload_s": round(time.perf_counter() - t, 3)}
     print(json.dumps(server), file=sys.stderr)
     import torch

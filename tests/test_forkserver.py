@@ -142,7 +142,7 @@ def test_build_workers_fork_from_a_server_of_their_own(tmp_path: Path) -> None:
 PRECOMPUTED_PROBE = """
 import os, sys
 from opgate.validators import worker
-worker.preload([], "cpu")
+worker.preload([], sys.argv[1], for_forks=True)
 from triton.backends.nvidia.compiler import get_ptxas_version
 from triton.runtime.cache import triton_key
 before = (triton_key.cache_info().misses, get_ptxas_version.cache_info().currsize)
@@ -157,19 +157,25 @@ print(before, os.waitstatus_to_exitcode(status))
 """
 
 
-def test_a_forked_worker_inherits_the_compile_keys_its_server_computed() -> None:
+@pytest.mark.parametrize(("kind", "ptxas"), [("cuda", 2), ("build", 0)])
+def test_a_forked_worker_inherits_the_compile_keys_its_server_computed(kind: str, ptxas: int) -> None:
     """Triton's key (a hash of libtriton.so) and ptxas' version are computed once, in the server.
 
     Without it every fresh worker computed them inside its first cell: on the
-    H200, 0.45 s of a cudagraphs cell's fake_meta check and 0.4-0.6 s of its
-    cudagraphs check (results/runs/h200-firstcell).
+    H200, 0.45 s of a cudagraphs cell's fake_meta check and 0.3-0.7 s of its
+    cudagraphs check (results/runs/h200-firstcell).  Not ptxas' version in the
+    build server: its cells cross-compile with their own toolkit's ptxas.
     """
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", PRECOMPUTED_PROBE], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-c", PRECOMPUTED_PROBE, kind],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     # computed once before the fork (one miss; sm_80 and sm_90 ptxas), then only hits in the child (exit 0)
-    assert done.stdout.strip().splitlines()[-1] == "(1, 2) 0", done.stdout + done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == f"(1, {ptxas}) 0", done.stdout + done.stderr[-2000:]

@@ -59,7 +59,7 @@ def serve_forks(  # noqa: PLR0917 - the worker's command line, argument for argu
     # library imports call it freely; through NVML the same question leaves forks
     # usable.  A documented torch switch, read on each call.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    specs, run_cell = preload(ops_paths, kind)
+    specs, run_cell = preload(ops_paths, kind, for_forks=True)
     pre = Preloaded(kind, threads, specs, run_cell)
     import torch
 

@@ -252,11 +252,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def preload(ops_paths: Sequence[Path], kind: str = "cpu") -> tuple[Mapping[str, Any], RunCell]:
+def preload(
+    ops_paths: Sequence[Path], kind: str = "cpu", *, for_forks: bool = False
+) -> tuple[Mapping[str, Any], RunCell]:
     """Import what every cell of ``kind`` needs (torch, Triton, Dynamo, the checks) and load the specs.
 
     Touches no GPU: a fork server calls it once and forks workers from the
-    result, and CUDA must not be initialised before a fork.
+    result, and CUDA must not be initialised before a fork.  ``for_forks``
+    (the fork server) also computes what each fork's first compile would
+    (:func:`precompute_keys`); a worker of its own computes them only if it compiles.
     """
     import importlib
 
@@ -275,8 +279,8 @@ def preload(ops_paths: Sequence[Path], kind: str = "cpu") -> tuple[Mapping[str, 
             with contextlib.suppress(ImportError):
                 checks_for(mode)
 
-    if "triton" in modules:
-        precompute_keys(inductor=len(modules) > 1, cpu=kind == "cpu")
+    if for_forks:
+        precompute_keys(kind, modules)
 
     from opgate.matrix.spec import load_specs
     from opgate.validators.checks import run_cell
@@ -284,48 +288,52 @@ def preload(ops_paths: Sequence[Path], kind: str = "cpu") -> tuple[Mapping[str, 
     return load_specs(list(ops_paths)), run_cell
 
 
-#: Architectures whose ptxas version Triton asks for (a subprocess) in every process's first compile.
+#: Architectures whose ptxas version Triton asks for (a subprocess) in a GPU process's first compile.
 PTXAS_ARCHS = (80, 90)
 
 
-def precompute_keys(*, inductor: bool, cpu: bool = False) -> None:
+def precompute_keys(kind: str, modules: Sequence[str]) -> None:
     """Compute once, before any fork, what every process pays for in its first compile.
 
     Triton keys its cache on a hash of all of ``libtriton.so`` (~500 MB read)
-    and runs ``ptxas --version``; Inductor hashes torch's own sources, and on
-    the CPU probes the vector ISA by building and loading a test library (a
-    compiler and a Python subprocess).  Each is cached for the life of a
-    process, so a worker forked after they were computed inherits them.  A
-    fresh worker (every isolated cell's) paid them inside its first cell: on the
-    H200, 0.45 s of a cudagraphs cell's ``fake_meta`` check and 0.4-0.6 s of its
-    ``cudagraphs`` check; on the CPU machine 1.3 s of the first compile
-    (``results/runs/h200-firstcell``).  Only file hashing and subprocesses: no
-    CUDA, no allocator, no Triton launch, nothing a cell can see (a launch at
-    start-up changed verdicts: see :func:`warm_cuda`; a whole warm-up
-    ``torch.compile`` in the server took 41-52 s on the H200 host and left every
-    forked cell unable to set up).  A failure is left for the cell, which then
-    computes the value itself.
+    and, for a GPU, runs ``ptxas --version``; Inductor hashes torch's own
+    sources, and on the CPU probes the vector ISA by building and loading a
+    test library (a compiler and a Python subprocess).  Each is cached for the
+    life of a process, so a worker forked after they were computed inherits
+    them.  A fresh worker (every isolated cell's) paid them inside its first
+    cell: on the H200, 0.45 s of a cudagraphs cell's ``fake_meta`` check and
+    0.3-0.7 s of its ``cudagraphs`` check; on the CPU machine 1.3 s of the
+    first compile (``results/runs/h200-firstcell``).  Only file hashing and
+    subprocesses: no CUDA, no allocator, no Triton launch, nothing a cell can
+    see (a launch at start-up changed verdicts: see :func:`warm_cuda`; a whole
+    warm-up ``torch.compile`` in the server took 41-52 s on the H200 host and
+    left every forked cell unable to set up).  Never the ptxas version in the
+    build server: a build cell's cross-compile runs its own CUDA toolkit's
+    ptxas (``TRITON_PTXAS_PATH``), and Triton would keep the server's version.
+    A failure is left for the cell, which then computes the value itself.
     """
-    with contextlib.suppress(Exception):
-        from triton.runtime.cache import triton_key
+    if "triton" in modules:
+        with contextlib.suppress(Exception):
+            from triton.runtime.cache import triton_key
 
-        triton_key()
-    with contextlib.suppress(Exception):
-        from triton.backends.nvidia.compiler import get_ptxas_version
+            triton_key()
+    if kind == "cuda":
+        with contextlib.suppress(Exception):
+            from triton.backends.nvidia.compiler import get_ptxas_version
 
-        for arch in PTXAS_ARCHS:
-            get_ptxas_version(arch)
-    if inductor:
+            for arch in PTXAS_ARCHS:
+                get_ptxas_version(arch)
+    if "torch._inductor.compile_fx" in modules:
         with contextlib.suppress(Exception):
             from torch._inductor import codecache
 
             codecache.torch_key()
             codecache.triton_key()
-    if inductor and cpu:
-        with contextlib.suppress(Exception):
-            from torch._inductor.cpu_vec_isa import pick_vec_isa
+        if kind == "cpu":
+            with contextlib.suppress(Exception):
+                from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-            pick_vec_isa()
+                pick_vec_isa()
 
 
 def arm() -> None:
