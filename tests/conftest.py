@@ -30,14 +30,14 @@ LONGEST_FIRST: tuple[str, ...] = (
     "test_zoo_compile.py",
     "test_zoo_export.py",
     "test_wheel.py",
-    "test_warmserver.py",
-    "test_tolerance_seeds.py",
     "test_runner_robust.py",
-    "test_controls.py",
+    "test_tolerance_seeds.py",
     "test_runner_isolation.py",
-    "test_perf_smoke.py",
+    "test_controls.py",
+    "test_alerts_faults.py",
     "test_fanout_e2e.py",
     "test_forkserver.py",
+    "test_warmserver.py",
 )
 
 
