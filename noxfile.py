@@ -348,7 +348,8 @@ def tests(session: nox.Session) -> None:
     """The project's test suite, unit and integration tests, in parallel with coverage.
 
     ``OPGATE_TEST_WORKERS`` xdist workers (default ``auto``: one per core), each test file
-    on one worker (``loadfile``: a module's fixtures are built once).  ``-- -m unit`` runs the
+    on one worker (``loadfile``: a module's fixtures are built once), the longest files first
+    (``tests/conftest.py``).  ``-- -m unit`` runs the
     fast tier only (tests/tiers.py).  pytest's exit 5 (nothing collected) fails the session.
     """
     provision(session)

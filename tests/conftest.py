@@ -3,6 +3,10 @@
 Every test gets its own verdict cache: a ``opgate run`` inside a
 test must validate for real, never be served a verdict an earlier run (or
 another test) left in ``.opgate-cache``.
+
+The longest test files are collected first (:data:`LONGEST_FIRST`): ``nox -s
+tests`` hands whole files to the xdist workers in collection order
+(``--dist loadfile``), so a long file collected last would run alone at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +21,29 @@ import opgate.validators  # noqa: F401
 
 #: the unit / integration tiers and the guard that keeps unit tests in one process
 pytest_plugins = ["tests.tiers"]
+
+
+#: The test files that take longest (cold caches, 2 cores), longest first; every other file keeps
+#: its place after them.  Only the order changes: a file missing here costs time, not tests.
+LONGEST_FIRST: tuple[str, ...] = (
+    "test_zoo.py",
+    "test_zoo_compile.py",
+    "test_zoo_export.py",
+    "test_wheel.py",
+    "test_runner_robust.py",
+    "test_tolerance_seeds.py",
+    "test_runner_isolation.py",
+    "test_controls.py",
+    "test_alerts_faults.py",
+    "test_fanout_e2e.py",
+    "test_forkserver.py",
+    "test_warmserver.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,8 @@ mark to add; the same test marked ``integration`` passes; ``-m unit`` and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -16,6 +18,8 @@ pytestmark = pytest.mark.integration
 
 PLANTED = """
 import subprocess, sys
+
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +63,11 @@ def test_the_marks_really_select(pytester: pytest.Pytester, expression: str, sel
     result = pytester.runpytest("-p", "tests.tiers", "-q", "--collect-only", "-m", expression)
     names = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
     assert names == selected
+
+
+def test_the_files_collected_first_are_in_the_suite() -> None:
+    """``conftest.LONGEST_FIRST`` names files of this suite: a renamed file would lose its place silently."""
+    from tests.conftest import LONGEST_FIRST
+
+    here = Path(__file__).parent
+    assert [name for name in LONGEST_FIRST if not (here / name).is_file()] == []

@@ -6,7 +6,7 @@ compile/export cell fails (reproduced here in a clean subprocess); the failure
 reason must still carry PyTorch's actionable cause, not only Dynamo's wrapper
 line.  With it, fake launches are no-ops (what ``wrap_triton``'s higher-order
 op does under FakeTensorMode) and real launches run unchanged.  The zoo's
-``zoo_triton_op`` cases (tests/test_zoo.py) pass every mode end to end.
+``zoo_triton_op`` cases (tests/zoo_cases.py) pass every mode end to end.
 """
 
 from __future__ import annotations

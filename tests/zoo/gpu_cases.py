@@ -1,6 +1,6 @@
 """Print the zoo's verdict cases as cell ids for a GPU arch, one glob per line.
 
-The zoo's expected verdicts (tests/test_zoo.py CASES) are device-independent,
+The zoo's expected verdicts (tests/zoo_cases.py CASES) are device-independent,
 except the cases marked for one device (cudagraphs cells run on GPUs only):
 the same planted fault must get the same verdict from the same check on an
 sm_90 GPU.  ``python -m tests.zoo.gpu_cases sm_90 13.0`` lists those cells so a
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.test_zoo import CASES
+from tests.zoo_cases import CASES
 
 
 def check(results: Path, expected: list[tuple[str, str, str | None]]) -> int:

@@ -1,6 +1,6 @@
 """Run zoo cells in-process, the way the runner's worker does (for tests).
 
-Imported by ``tests/test_zoo.py`` and ``tests/test_checks_*.py``.  Sets
+Imported by ``tests/zoo_cases.py`` (the zoo files) and ``tests/test_checks_*.py``.  Sets
 TRITON_INTERPRET before anything imports triton, like a CPU worker.
 """
 
