@@ -91,14 +91,14 @@ class Lane:
         """
         borrowed = None
         for task in pending:
+            own = self.can_run(task)
+            if not (own or (self.lends and startable is not None and task.kind in HOST_KINDS)):
+                continue
             if startable is not None and not startable(task):
                 continue
-            if self.can_run(task):
-                if not (self.host and task.kind == "cuda"):
-                    return task
-                borrowed = borrowed or task
-            elif self.lends and startable is not None and task.kind in HOST_KINDS:
-                borrowed = borrowed or task
+            if own and not (self.host and task.kind == "cuda"):
+                return task
+            borrowed = borrowed or task
         return borrowed
 
 
