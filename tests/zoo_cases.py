@@ -215,9 +215,9 @@ CASES += [
 #: The cases this CPU test suite runs (GPU-only ones run through .ci/gpu step zoo: tests/zoo/gpu_cases.py).
 CPU_CASES = [c for c in CASES if c.device != "gpu"]
 
-#: Seed-sensitive cases (numbers drawn at random decide them) re-run with two more seeds.
 #: Check modules whose outcome does not depend on the input values (OPGATE_SKIP_CHECKS names).
 SEED_INDEPENDENT = ("opcheck", "fakemeta", "evidence", "sass", "perf")
+#: Seed-sensitive cases (numbers drawn at random decide them) re-run with two more seeds.
 STABILITY = [
     c
     for c in CASES
