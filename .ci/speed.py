@@ -7,7 +7,9 @@ Runs ``opgate run`` four times on the same selection, with private build,
 compile and verdict caches under ``--out`` (nothing else on the machine is
 touched or reused):
 
-    cold      every cache emptied first (Triton, Inductor, opgate builds, verdicts)
+    cold      every cache emptied first (Triton, Inductor, opgate builds, verdicts); the
+              ccache of Inductor's C++ compiles is ``OPGATE_BUILD_CACHE/ccache``, emptied with
+              the builds (a ``CCACHE_DIR`` of the caller's is not passed on)
     warm      build and compile caches warm, the verdict cache bypassed (--no-cache)
     one-op    after a change to one op's kernel source (--probe), verdict cache on
     nothing   nothing changed since: every verdict served from the cache
@@ -247,6 +249,7 @@ def main() -> int:
         "OPGATE_CACHE": str(caches / "verdicts"),
         "PYTHONUNBUFFERED": "1",
     }
+    env.pop("CCACHE_DIR", None)  # the private build cache's ccache, or cold would not be cold
     run_args = [a for g in args.select for a in ("--select", g)] + [a for a in args.rest if a != "--"]
     if not args.skip_cold:
         shutil.rmtree(caches, ignore_errors=True)

