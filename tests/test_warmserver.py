@@ -206,3 +206,19 @@ def test_runs_on_a_warm_server_judge_as_runs_on_their_own(tmp_path: Path, server
     flaky = next(c for c in third.cells if c.id.startswith("fx_flaky"))
     assert flaky.verdict is Verdict.ERROR, flaky.reason
     assert "sample_inputs() missing" in flaky.reason  # the edited reference ran, in a reused server
+
+
+def test_a_runs_end_leaves_its_warm_forks_to_the_server(tmp_path: Path, server_dir: Path) -> None:
+    """The pool does not wait for a warm server's forks to exit: the server kills and reaps them."""
+    from opgate.validators.pool import Pool
+
+    launcher = _launcher(tmp_path / "1")
+    pool = Pool(launcher.config, host_lanes=1, launcher=launcher)
+    worker = pool._spawn("cpu", pool.lanes[0])
+    wait_hello(worker)
+    pool.shutdown()
+    assert worker.proc.returncode is None  # not waited for: its exit is the server's business
+    assert worker.end == "run finished"
+    assert _wait_for(lambda: _gone(worker.pid), 10), "a finished run's worker outlived it"
+    (info,) = warmserver.servers()  # the server itself stays warm
+    assert info["kind"] == "cpu"

@@ -226,6 +226,11 @@ class ForkedProcess:
         """The fork server is gone: no exit status will come, and the worker died with it (PDEATHSIG)."""
         return self.poll() is None and self._server.gone
 
+    @property
+    def left_to_server(self) -> bool:
+        """A warm server's fork: when the run lets go of the server, the server kills and reaps it."""
+        return self._server.warm and not self._server.gone
+
     def poll(self) -> int | None:
         if self.returncode is None:
             self._server.poll_exits()
