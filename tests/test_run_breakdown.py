@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,20 +42,18 @@ RUN = {
 
 def test_harness_splits_into_set_up_and_idle_lanes_before_and_after_their_first_worker() -> None:
     """Idle lane time is what no cell occupied: the wait for the first worker, then the rest."""
-    run = {
-        **RUN,
-        "workers": [
-            {"name": "cuda-gpu0-1", "startup_s": 2.0, "ready_s": 3.0, "cells": ["a", "c"]},
-            {"name": "build-cpu0-2", "startup_s": 1.5, "ready_s": 1.0, "cells": ["b"]},
-            {"name": "cuda-gpu0-3", "startup_s": 2.0, "ready_s": 0.5, "cells": []},  # a spare never used
-        ],
-    }
+    workers: list[dict[str, Any]] = [
+        {"name": "cuda-gpu0-1", "startup_s": 2.0, "ready_s": 3.0, "cells": ["a", "c"]},
+        {"name": "build-cpu0-2", "startup_s": 1.5, "ready_s": 1.0, "cells": ["b"]},
+        {"name": "cuda-gpu0-3", "startup_s": 2.0, "ready_s": 0.5, "cells": []},  # a spare never used
+    ]
+    run = {**RUN, "workers": workers}
     parts = breakdown(CELLS, run)["harness_parts_s"]
     # capacity 20, cells 18.5 of lane time (set-up 1.5 of it): 1.5 idle, 1.0 + 3.0 before first workers
     assert parts["cell set-up outside checks"] == 1.5
     assert parts["lanes idle before their first worker was ready"] == 1.5  # capped at the idle time
     assert parts["lanes idle after it"] == 0.0
-    quick = {**run, "workers": [{**w, "ready_s": 0.25} for w in run["workers"]]}
+    quick = {**RUN, "workers": [{**w, "ready_s": 0.25} for w in workers]}
     parts = breakdown(CELLS, quick)["harness_parts_s"]
     before, after = parts["lanes idle before their first worker was ready"], parts["lanes idle after it"]
     assert (before, after) == (0.5, 1.0)
