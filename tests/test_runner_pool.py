@@ -282,3 +282,33 @@ def test_the_run_fingerprint_is_a_gpu_workers_when_one_said_hello(tmp_path: Path
     pool._on_message(Hello("cuda", {}), {"type": "hello", "fingerprint": gpu})  # type: ignore[arg-type]
     pool._on_message(Hello("build", {}), {"type": "hello", "fingerprint": build})  # type: ignore[arg-type]
     assert pool.fingerprint == gpu
+
+
+class ReadyBetweenLooks(Launcher):
+    """The server gets ready right after a dispatch asked (startable: no), before the idle check."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        super().__init__(config)
+        self.looks = 0
+
+    def startable(self, kind: str) -> bool:
+        self.looks += 1
+        return self.looks > 1
+
+    def importing(self) -> bool:
+        return False
+
+
+@pytest.mark.integration
+def test_a_server_ready_between_two_looks_runs_its_cells(tmp_path: Path) -> None:
+    """A cell is never an error because its server got ready between the pool's two looks at it."""
+    config = WorkerConfig(logs=tmp_path / "workers", module=FAKE, threads=3)
+    pool = Pool(config, host_lanes=1, launcher=ReadyBetweenLooks(config))
+    outcomes: list[dict[str, Any]] = []
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        outcomes.append(a.outcome)
+        return []
+
+    pool.run([task(tmp_path, shapes="c")], on_done)
+    assert [o["checks"][0]["status"] for o in outcomes] == ["pass"], outcomes

@@ -99,6 +99,8 @@ class Pool:
             while self._pending or self._busy():
                 self._dispatch()
                 if self._pending and not self._busy() and not self.launcher.importing():
+                    self._dispatch()  # a server that got ready since the dispatch above: its cells start now
+                if self._pending and not self._busy() and not self.launcher.importing():
                     for task in list(self._pending):  # planning placed a cell no lane serves
                         self._pending.remove(task)
                         self._finish(task, Attempt(_error(f"no lane runs {task.kind} cells"), 0.0))
