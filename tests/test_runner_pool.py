@@ -285,18 +285,21 @@ def test_the_run_fingerprint_is_a_gpu_workers_when_one_said_hello(tmp_path: Path
 
 
 class ReadyBetweenLooks(Launcher):
-    """The server gets ready right after a dispatch asked (startable: no), before the idle check."""
+    """The cpu server gets ready after the first look at it: between the pool's two looks."""
 
     def __init__(self, config: WorkerConfig) -> None:
         super().__init__(config)
         self.looks = 0
 
-    def startable(self, kind: str) -> bool:
+    def _ready(self) -> bool:
         self.looks += 1
         return self.looks > 1
 
+    def startable(self, kind: str) -> bool:
+        return self._ready()
+
     def importing(self) -> bool:
-        return False
+        return not self._ready()
 
 
 @pytest.mark.integration

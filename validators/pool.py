@@ -97,10 +97,11 @@ class Pool:
         try:
             self.launcher.prestart(sorted({t.kind for t in self._pending}))
             while self._pending or self._busy():
+                # looked at before the dispatch: a server ready then is ready for the dispatch too,
+                # while one that gets ready during it must not make its cells look unplaceable
+                importing = self.launcher.importing()
                 self._dispatch()
-                if self._pending and not self._busy() and not self.launcher.importing():
-                    self._dispatch()  # a server that got ready since the dispatch above: its cells start now
-                if self._pending and not self._busy() and not self.launcher.importing():
+                if self._pending and not self._busy() and not importing:
                     for task in list(self._pending):  # planning placed a cell no lane serves
                         self._pending.remove(task)
                         self._finish(task, Attempt(_error(f"no lane runs {task.kind} cells"), 0.0))
@@ -374,15 +375,14 @@ class Pool:
             worker.close()
             self._unregister(worker)
         grace = t + (0.0 if force else SHUTDOWN_GRACE_S)
-        own = [w for w in self.workers if not getattr(w.proc, "left_to_server", False)]
-        left = [w for w in own if w.proc.poll() is None]
+        left = [w for w in self.workers if not w.left_to_server and w.proc.poll() is None]
         while left and time.monotonic() < grace:
             time.sleep(0.01)
             left = [w for w in left if w.proc.poll() is None]
         for worker in left:
             worker.kill_group()
         for worker in self.workers:
-            if worker in own:
+            if not worker.left_to_server:
                 worker.wait(timeout=1.0)
             worker.release()
         self.launcher.stop()

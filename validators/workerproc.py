@@ -161,6 +161,11 @@ class WorkerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGUSR1)
 
+    @property
+    def left_to_server(self) -> bool:
+        """A warm server's fork: the server kills and reaps it once the run lets go of the server."""
+        return isinstance(self.proc, ForkedProcess) and self.proc.left_to_server
+
     def kill_group(self) -> None:
         """SIGKILL the worker's process group (it and whatever it started), without waiting."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
