@@ -153,6 +153,16 @@ def test_gpu_list_from_nvidia_smi_follows_cuda_visible_devices(
     assert env.list_gpus() is None
 
 
+def test_gpu_workers_take_the_replay_path_from_their_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OPGATE_REPLAY_BUILD=wait in GPU workers (a verdict must not depend on when a build lands)."""
+    monkeypatch.delenv("OPGATE_REPLAY_BUILD", raising=False)
+    cfg = WorkerConfig(logs=Path("/tmp/unused"))
+    assert cfg.env("cuda", Gpu(0, "NVIDIA H200", "9.0"))["OPGATE_REPLAY_BUILD"] == "wait"
+    assert "OPGATE_REPLAY_BUILD" not in cfg.env("cpu", None)  # no replay without CUDA
+    monkeypatch.setenv("OPGATE_REPLAY_BUILD", "background")  # the user's own choice stays
+    assert cfg.env("cuda", Gpu(0, "NVIDIA H200", "9.0"))["OPGATE_REPLAY_BUILD"] == "background"
+
+
 def test_gpu_workers_number_gpus_as_nvidia_smi_does() -> None:
     cfg = WorkerConfig(logs=Path("/tmp/unused"))
     worker_env = cfg.env("cuda", Gpu(1, "NVIDIA H200", "9.0"))

@@ -67,3 +67,50 @@ def test_a_failed_build_leaves_the_python_path_with_the_reason(
     assert replay.attach("ns::op", lambda: None) is False
     assert replay.status()["why_not"] == "CudaBuildError: nvcc exploded"
     assert replay._PENDING == []
+
+
+def test_build_wait_builds_before_attach_returns(
+    fresh: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OPGATE_REPLAY_BUILD=wait: the op is on the replay path from its first call, whatever the timing."""
+    monkeypatch.setenv("OPGATE_REPLAY_BUILD", "wait")
+    fresh["gate"].set()  # the build this process waits for
+    assert replay.attach("ns::op", lambda: None) is True
+    assert fresh["lib"].registered == ["ns::op"]
+    assert replay._STATE.get("thread") is None  # nothing left to a background thread
+
+
+def test_build_mode_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPGATE_REPLAY_BUILD", raising=False)
+    assert replay.build_waits() is False
+    monkeypatch.setenv("OPGATE_REPLAY_BUILD", " Wait ")
+    assert replay.build_waits() is True
+    monkeypatch.setenv("OPGATE_REPLAY_BUILD", "later")
+    with pytest.raises(ValueError, match="OPGATE_REPLAY_BUILD must be one of background, wait, got 'later'"):
+        replay.build_waits()
+
+
+def _plan_words(outputs: tuple[Any, ...]) -> list[int]:
+    from array import array
+
+    import torch
+
+    from opgate.ops._replay.record import Recorder
+
+    with Recorder((torch.ones(2),)) as rec:
+        pass
+    plan = rec.plan(outputs)
+    assert plan is not None, rec.refused
+    return list(array("q", plan))
+
+
+def test_two_empty_outputs_get_two_buffers_not_one() -> None:
+    """Empty storages all have address 0: keyed by address they became one buffer, so a replay
+    returned two empty outputs as views of one storage (opcheck: outputs alias each other)."""
+    import torch
+
+    a, b = torch.empty(0, 3), torch.empty(0, 5)
+    _version, buffers, launches, outputs = _plan_words((a, b))[:4]
+    assert (buffers, launches, outputs) == (2, 0, 2)
+    view = a.view(3, 0)  # another view of the same empty storage is the same buffer
+    assert _plan_words((a, view))[1] == 1

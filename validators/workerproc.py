@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opgate.validators import compilercache, warmserver
+from opgate.validators import compilercache, tritoncache, warmserver
 from opgate.validators.device import Gpu
 from opgate.validators.env import DEVICE_ORDER
 from opgate.validators.forkserver import ForkedProcess, ForkServer
@@ -31,6 +31,13 @@ from opgate.validators.worker import BUILD_ENV, CPU_ENV
 #: Worker kinds that compile C++ with Inductor (torch.compile, AOTInductor): their compiler goes
 #: through ccache.  A build worker compiles with nvcc and cpp_extension's own cache.
 COMPILING_KINDS = frozenset({"cpu", "cuda"})
+#: The kinds that compile Triton kernels for a GPU (a cpu worker interprets them).
+TRITON_COMPILING_KINDS = frozenset({"cuda", "build"})
+#: A GPU worker's defaults (the user's own values win).  ``OPGATE_REPLAY_BUILD=wait``: opgate's
+#: Triton ops take their C++ launch-replay path from the first call (``opgate.ops._replay``).
+#: Left to build in the background, the library landed mid-run: cells forked after that took
+#: the replay path, earlier ones the Python path, and verdicts depended on the timing.
+GPU_ENV_DEFAULTS: Mapping[str, str] = {"OPGATE_REPLAY_BUILD": "wait"}
 #: Signals a worker gets from outside, never from a fault of the op it runs: the OOM killer and
 #: the parent's death (PR_SET_PDEATHSIG) send SIGKILL, operators and schedulers SIGTERM/INT/HUP/QUIT.
 EXTERNAL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT})
@@ -257,9 +264,12 @@ class WorkerConfig:
         else:
             env.pop("TRITON_INTERPRET", None)
             env.update(DEVICE_ORDER)  # the numbering the GPU list was made with
+            env.update({k: v for k, v in GPU_ENV_DEFAULTS.items() if k not in env})
             env["CUDA_VISIBLE_DEVICES"] = visible_device(gpu.index if gpu else 0)
         if kind in COMPILING_KINDS:  # before the worker imports Inductor, which reads CXX then
             env.update(self.compiler_cache(env).env)
+        if kind in TRITON_COMPILING_KINDS:  # lanes side by side compile each Triton kernel once
+            env.update(tritoncache.worker_env(env))
         return env
 
     def compiler_cache(self, env: Mapping[str, str] | None = None) -> compilercache.CompilerCache:

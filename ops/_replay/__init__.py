@@ -21,6 +21,13 @@ export; the kernels launched are the ones Triton's JIT compiled.  Nothing is
 attached where replay cannot help or cannot build: no CUDA device, a CPU-only
 torch, no nvcc, no opgate builder (the library is built by the harness,
 :mod:`opgate.ops._extension`), or ``OPGATE_REPLAY=0``; :func:`status` says which.
+
+When the library is not built yet, an import builds it on a background thread
+and the op runs its Python path until then: which path a call takes depends on
+how long ago the process started.  ``OPGATE_REPLAY_BUILD=wait`` (what
+opgate's GPU workers run with) builds or loads it before :func:`attach`
+returns instead, so every call of the process takes the replay path: a check
+sees the same path whenever it runs.
 """
 
 from __future__ import annotations
@@ -76,6 +83,18 @@ def _unavailable() -> str | None:
     if not torch.cuda.is_available() and _STATE.get("offline_target") is None and keys()[0] != "CPU":
         return "no CUDA device (nothing to replay on)"
     return None
+
+
+#: ``OPGATE_REPLAY_BUILD`` values: build in the background (the default) or before attaching.
+BUILD_MODES = ("background", "wait")
+
+
+def build_waits() -> bool:
+    """Whether :func:`attach` builds or loads the library before it returns (``OPGATE_REPLAY_BUILD=wait``)."""
+    mode = os.environ.get("OPGATE_REPLAY_BUILD", "background").strip().lower() or "background"
+    if mode not in BUILD_MODES:
+        raise ValueError(f"OPGATE_REPLAY_BUILD must be one of {', '.join(BUILD_MODES)}, got {mode!r}")
+    return mode == "wait"
 
 
 def keys() -> tuple[str, str]:
@@ -206,7 +225,7 @@ def attach(
     default_backend, default_autograd = keys()
     backend_key = default_backend if backend_key is None else backend_key
     autograd_key = default_autograd if autograd_key is None else autograd_key
-    library(wait=False)
+    library(wait=build_waits())
     with _PENDING_LOCK:
         if _STATE["lib"] is None:
             building = _STATE.get("thread") is not None and not _STATE.get("built")

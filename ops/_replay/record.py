@@ -127,7 +127,7 @@ class Recorder:
     offline_target: Any = None  # a triton GPUTarget: offline recording for that device
     launches: list[LaunchRecord] = field(default_factory=list)
     refused: str | None = None
-    _storages: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
+    _storages: dict[int | tuple[str, int], tuple[int, torch.Tensor]] = field(default_factory=dict)
     _compiled: dict[Any, Any] = field(default_factory=dict)
 
     def __enter__(self) -> Recorder:
@@ -255,8 +255,16 @@ class Recorder:
         return (BUFFER_PTR, 8, self._buffer(t), t.data_ptr() - base)
 
     def _buffer(self, t: torch.Tensor) -> int:
+        """The plan's buffer for ``t``'s storage, one per distinct allocation.
+
+        Storages are told apart by address, except those of no memory: every
+        empty storage has address 0, and two empty outputs sharing one buffer
+        would come back from a replay as views of one storage (aliases).
+        """
         storage = t.untyped_storage()
-        key = storage.data_ptr()
+        key: int | tuple[str, int] = storage.data_ptr()
+        if key == 0:
+            key = ("empty", storage._cdata)  # the storage itself, whichever tensor views it
         if key not in self._storages:
             self._storages[key] = (len(self._storages), t)
         return self._storages[key][0]
