@@ -20,6 +20,7 @@ import pytest
 import torch
 
 pytestmark = [
+    pytest.mark.integration,  # each case runs in an interpreter of its own
     pytest.mark.skipif(
         torch.version.cuda is None, reason="needs a CUDA build of torch (replay links c10_cuda)"
     ),
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PRELUDE = """
 import ctypes, struct, torch
 from triton.backends.compiler import GPUTarget
+import opgate.validators  # installs the harness's builder, which builds the replay library
 from opgate.ops import _replay as replay
 from opgate.ops._replay import record
 replay._STATE["offline_target"] = GPUTarget("cuda", 90, 32)

@@ -114,3 +114,24 @@ def test_two_empty_outputs_get_two_buffers_not_one() -> None:
     assert (buffers, launches, outputs) == (2, 0, 2)
     view = a.view(3, 0)  # another view of the same empty storage is the same buffer
     assert _plan_words((a, view))[1] == 1
+
+
+def test_a_recording_keeps_none_of_the_calls_tensors_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under CUDA graph trees a tensor kept alive after the call is pool memory torch finds untracked
+    ("Detected N tensor(s) in the cudagraph pool not tracked as outputs", N the op's inputs)."""
+    import gc
+    import weakref
+
+    import torch
+
+    monkeypatch.setattr(replay, "_IMPLS", {"ns::twice": torch.empty_like})
+    replay._handle("ns::twice", (torch.ones(4),), True)  # first use imports (their garbage aside)
+    x = torch.ones(4)
+    seen = weakref.ref(x)
+    gc.disable()  # what frees them must be the reference count, not a later collection
+    try:
+        outs, _plan = replay._handle("ns::twice", (x,), True)
+        del x, outs
+        assert seen() is None, "the recording still holds the call's input"
+    finally:
+        gc.enable()

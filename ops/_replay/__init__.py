@@ -64,12 +64,16 @@ def _handle(qualname: str, args: tuple[Any, ...], record: bool) -> tuple[tuple[A
     if not record and _STATE.get("offline_target") is None:
         out = impl(*args)
         return (out if isinstance(out, tuple) else (out,)), None
-    with Recorder(args, offline_target=_STATE.get("offline_target")) as rec:
-        out = impl(*args)
-    outs = out if isinstance(out, tuple) else (out,)
-    plan = rec.plan(outs) if record else None
-    if plan is None and rec.refused:
-        REFUSED[qualname] = rec.refused
+    rec = Recorder(args, offline_target=_STATE.get("offline_target"))
+    try:
+        with rec:
+            out = impl(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        plan = rec.plan(outs) if record else None
+        if plan is None and rec.refused:
+            REFUSED[qualname] = rec.refused
+    finally:
+        rec.release()
     return outs, plan
 
 

@@ -129,6 +129,7 @@ class Recorder:
     refused: str | None = None
     _storages: dict[int | tuple[str, int], tuple[int, torch.Tensor]] = field(default_factory=dict)
     _compiled: dict[Any, Any] = field(default_factory=dict)
+    _guard: _NoWrites | None = field(default=None, repr=False)
 
     def __enter__(self) -> Recorder:
         _install_patch()
@@ -140,8 +141,22 @@ class Recorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._guard.__exit__(*exc)
+        guard, self._guard = self._guard, None  # it points back here: no cycle outliving the call
+        if guard is not None:
+            guard.__exit__(*exc)
         _TLS.recorder = None
+
+    def release(self) -> None:
+        """Drop the call's tensors (inputs, outputs, buffers): the plan is made, nothing else needs them.
+
+        A recording that kept them alive kept their memory allocated after the
+        call.  Under CUDA graph trees that memory is the graph pool's, and torch
+        checks that every live allocation in the pool is a tracked output
+        ("Detected N tensor(s) in the cudagraph pool not tracked as outputs").
+        """
+        self.inputs = ()
+        self._storages.clear()
+        self._compiled.clear()
 
     def refuse(self, reason: str) -> None:
         if self.refused is None:
