@@ -137,7 +137,9 @@ def _manager_class() -> type:
 
         def __del__(self) -> None:
             # A compile that raised never reached put_group: its manager goes with its frame.
-            self.release()
+            # (At interpreter exit the module may be half torn down; the process's end frees the lock.)
+            with contextlib.suppress(Exception):
+                self.release()
 
     return SingleFlightCacheManager
 
