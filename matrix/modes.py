@@ -106,12 +106,14 @@ _TABLE: tuple[Mode, ...] = (
         checks=("fakemeta", "cudagraphs", "correctness", "evidence", "perf"),
         inductor=True,
         gpu_only=True,
-        # A fresh worker per cell: CUDA graph trees keep process-wide state that dynamo.reset() does
-        # not fully clear.  On the H200 (torch 2.11) a Triton op's misaligned-input cudagraphs cell
-        # raised "Detected N tensor(s) in the cudagraph pool not tracked as outputs" in 11-12 of 15
-        # cells when the worker had run other layouts' cells before it, and passed in 21 of 21 cells
-        # run after misaligned cells only: its verdict depended on the scheduler.  A forked worker
-        # starts in well under a second (its imports are the fork server's).
+        # A fresh worker per cell.  Why it was needed: on the H200 (torch 2.11) misaligned-input
+        # cudagraphs cells raised "Detected N tensor(s) in the cudagraph pool not tracked as
+        # outputs" in workers that had run other cells first, and passed in fresh ones.  The cause
+        # was opgate's launch-replay recorder keeping a recorded call's inputs alive (fixed), met
+        # only on the replay path: a worker that lived long enough finished the library's
+        # background build and took it, a fresh one did not.
+        # Shared workers were 17% faster cold (results/runs/h200-cudagraphs-reuse) but were
+        # measured before that fix: they stay off until re-measured.
         worker="isolate",
         in_graph=True,
         controlled=True,
