@@ -33,7 +33,7 @@ CHILD = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.runtime import cache
 
-    log, start, marker = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    log, start, marker, ready = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
     calls = []
     manager = triton.knobs.cache.manager_class or cache.FileCacheManager
     put = manager.put_group
@@ -48,6 +48,7 @@ CHILD = textwrap.dedent(
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2.0, mask=i < n)
 
+    ready.touch()
     while not start.exists():
         time.sleep(0.002)
     src = triton.compiler.ASTSource(
@@ -78,11 +79,16 @@ def _race(tmp_path: Path, env: dict[str, str], workers: int, marker: str) -> lis
     """Start ``workers`` processes compiling the same new kernel at the same moment: compiles each."""
     log, start = tmp_path / f"log_{marker}.jsonl", tmp_path / f"start_{marker}"
     child = _child(tmp_path, marker)
+    ready = [tmp_path / f"ready_{marker}_{i}" for i in range(workers)]
     procs = [
-        subprocess.Popen([sys.executable, str(child), str(log), str(start), marker], env=env)
-        for _ in range(workers)
+        subprocess.Popen([sys.executable, str(child), str(log), str(start), marker, str(r)], env=env)
+        for r in ready
     ]
-    time.sleep(3.0)  # every child has imported Triton and waits for the start file
+    deadline = time.monotonic() + 120
+    while not all(r.exists() for r in ready):  # every child has imported Triton and waits
+        assert time.monotonic() < deadline, "the children never got ready"
+        assert all(p.poll() is None for p in procs), "a child died before the start"
+        time.sleep(0.01)
     start.touch()
     for p in procs:
         assert p.wait(timeout=120) == 0
