@@ -264,7 +264,8 @@ class WorkerConfig:
         else:
             env.pop("TRITON_INTERPRET", None)
             env.update(DEVICE_ORDER)  # the numbering the GPU list was made with
-            env.update({k: v for k, v in GPU_ENV_DEFAULTS.items() if k not in env})
+            for key, value in GPU_ENV_DEFAULTS.items():
+                env.setdefault(key, value)
             env["CUDA_VISIBLE_DEVICES"] = visible_device(gpu.index if gpu else 0)
         if kind in COMPILING_KINDS:  # before the worker imports Inductor, which reads CXX then
             env.update(self.compiler_cache(env).env)
