@@ -106,15 +106,14 @@ _TABLE: tuple[Mode, ...] = (
         checks=("fakemeta", "cudagraphs", "correctness", "evidence", "perf"),
         inductor=True,
         gpu_only=True,
-        # A fresh worker per cell.  Why it was needed: on the H200 (torch 2.11) misaligned-input
-        # cudagraphs cells raised "Detected N tensor(s) in the cudagraph pool not tracked as
-        # outputs" in workers that had run other cells first, and passed in fresh ones.  The cause
-        # was opgate's launch-replay recorder keeping a recorded call's inputs alive (fixed), met
-        # only on the replay path: a worker that lived long enough finished the library's
-        # background build and took it, a fresh one did not.
-        # Shared workers were 17% faster cold (results/runs/h200-cudagraphs-reuse) but were
-        # measured before that fix: they stay off until re-measured.
-        worker="isolate",
+        # Shared workers, as eager and compile.  Cells of this mode once had a fresh worker
+        # each: on the H200 (torch 2.11) misaligned-input cells raised "Detected N tensor(s) in
+        # the cudagraph pool not tracked as outputs" in workers that had run other cells first.
+        # The cause was opgate's launch-replay recorder keeping a recorded call's inputs alive
+        # (fixed, tests/test_replay_attach.py), not the worker's history.  The graph trees are
+        # reset between cells with the rest of Dynamo's state (validators.worker).  A fresh
+        # worker cost ~3 s per cell, half of what re-validating one op took
+        # (results/runs/h200-speed-warm-6).
         in_graph=True,
         controlled=True,
         category="compile",

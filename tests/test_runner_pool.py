@@ -315,3 +315,38 @@ def test_a_server_ready_between_two_looks_runs_its_cells(tmp_path: Path) -> None
 
     pool.run([task(tmp_path, shapes="c")], on_done)
     assert [o["checks"][0]["status"] for o in outcomes] == ["pass"], outcomes
+
+
+@pytest.mark.integration
+def test_workers_started_before_the_pool_are_adopted_by_their_lanes(tmp_path: Path) -> None:
+    """The runner forks the GPU lanes' first workers while it plans: the pool runs the cells on them."""
+    config = WorkerConfig(logs=tmp_path / "workers", module=FAKE, threads=3)
+    h200 = Gpu(0, "NVIDIA H200", "9.0")
+    launcher = Launcher(config)
+    launcher.prefork("cuda", [("gpu0", h200), ("gpu0.1", h200)])
+    early = dict(launcher.preforked)
+    pool = Pool(config, 1, [h200], gpu_workers=3, launcher=launcher)
+    assert not launcher.preforked  # every one handed to its lane
+    done: dict[str, str] = {}
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        assert a.outcome["checks"][0]["status"] == "pass", a.outcome
+        done[t.cell.id] = a.worker
+        return []
+
+    pool.run([task(tmp_path, "sm_90", shapes=f"s{i}") for i in range(6)], on_done)
+    assert {"cuda-gpu0-0", "cuda-gpu0.1-0"} <= set(done.values())  # the early workers ran cells
+    assert [w for w in pool.workers if w.name.endswith("-0")] == list(early.values())
+    assert all(w.proc.returncode is not None for w in pool.workers)
+
+
+@pytest.mark.integration
+def test_an_early_worker_no_lane_takes_is_stopped_with_the_servers(tmp_path: Path) -> None:
+    config = WorkerConfig(logs=tmp_path / "workers", module=FAKE, threads=3)
+    launcher = Launcher(config)
+    launcher.prefork("cuda", [("gpu3", Gpu(3, "NVIDIA H200", "9.0"))])
+    (worker,) = launcher.preforked.values()
+    launcher.stop()  # the run needed no pool after all
+    assert not launcher.preforked
+    assert worker.proc.returncode is not None  # reaped, not left behind
+    assert worker.end == "started early, not needed"

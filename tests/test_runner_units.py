@@ -64,10 +64,10 @@ def test_gpu_cell_goes_to_a_gpu_of_its_arch() -> None:
     assert (p.kind, p.arch) == ("cuda", "sm_90")
 
 
-def test_aoti_cudagraphs_and_marked_cells_are_isolated() -> None:
-    graphs = device.place(cell("sm_90", "cudagraphs"), gpus=[H200])
-    assert graphs.isolate
+def test_aoti_and_marked_cells_are_isolated_cudagraphs_cells_share_workers() -> None:
+    assert not device.place(cell("sm_90", "cudagraphs"), gpus=[H200]).isolate
     assert device.place(cell("sm_90", "aoti"), gpus=[H200]).isolate
+    assert device.place(cell("sm_90", "cudagraphs", overrides=(("isolate", True),)), gpus=[H200]).isolate
     assert device.place(cell(overrides=(("isolate", True),)), gpus=[]).isolate
     assert not device.place(cell("sm_90", "compile"), gpus=[H200]).isolate
 
@@ -358,3 +358,43 @@ def test_a_previous_runs_cell_files_are_moved_aside_and_deleted_in_the_backgroun
         time.sleep(0.05)
     assert list(tmp_path.glob(f"{OLD_OUTPUTS}*")) == []
     assert (tmp_path / "mine.txt").exists()  # not opgate's: left alone
+
+
+class _Servers:
+    """A launcher stand-in: whether the cuda server forks and is ready, and what was forked early."""
+
+    def __init__(self, *, forks: bool = True, ready: bool = True) -> None:
+        self._forks, self._ready = forks, ready
+        self.early: list[tuple[str, str, Gpu | None]] = []
+
+    def forks(self, kind: str) -> bool:
+        return self._forks
+
+    def startable(self, kind: str) -> bool:
+        return self._ready
+
+    def prefork(self, kind: str, lanes: list[tuple[str, Gpu | None]]) -> None:
+        self.early += [(kind, name, gpu) for name, gpu in lanes]
+
+
+@pytest.mark.parametrize(
+    ("servers", "cuda_cells", "forked"),
+    [
+        (_Servers(), 2, ["gpu0", "gpu0.1"]),  # no more workers than cells
+        (_Servers(), 9, ["gpu0", "gpu0.1", "gpu0.2"]),  # no more than lanes
+        (_Servers(ready=False), 9, []),  # the server still imports: the pool waits for it, as before
+        (_Servers(forks=False), 9, []),  # fresh interpreters: nothing to fork
+        (_Servers(), 0, []),  # nothing runs on the GPU
+    ],
+)
+def test_gpu_lanes_first_workers_start_while_the_run_plans(
+    tmp_path: Path, servers: _Servers, cuda_cells: int, forked: list[str]
+) -> None:
+    from opgate.validators.runner import Runner
+
+    runner = Runner(RunOptions(out=tmp_path / "out", config=None, gpu_workers=3))
+    runner._gpus = [H200]
+    runner._launcher = servers  # type: ignore[assignment]
+    runner._prefork(cuda_cells)
+    assert [name for _, name, _ in servers.early] == forked
+    assert all(kind == "cuda" and gpu is H200 for kind, _, gpu in servers.early)

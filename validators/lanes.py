@@ -7,7 +7,7 @@ the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,11 @@ class Lane:
                 return task
             borrowed = borrowed or task
         return borrowed
+
+
+def gpu_lanes(gpus: Sequence[Gpu], gpu_workers: int) -> list[tuple[str, Gpu]]:
+    """The GPU lanes' names and GPUs, in the order the pool fills them: ``gpu0``, ``gpu1``, ``gpu0.1``..."""
+    return [(f"gpu{g.index}" + (f".{k}" if k else ""), g) for k in range(max(1, gpu_workers)) for g in gpus]
 
 
 def usable(worker: WorkerProcess | None, kind: str) -> bool:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from opgate.validators.device import Gpu
-from opgate.validators.lanes import Attempt, Lane, Task, usable
+from opgate.validators.lanes import Attempt, Lane, Task, gpu_lanes, usable
 from opgate.validators.workerproc import (
     Launcher,
     WorkerConfig,
@@ -78,15 +78,17 @@ class Pool:
             Lane(f"cpu{i}", gpu=gpus[i % len(gpus)] if lend else None, host=True)
             for i in range(max(1, host_lanes))
         ]
-        self.lanes += [
-            Lane(f"gpu{g.index}" + (f".{k}" if k else ""), gpu=g, lends=lend)
-            for k in range(max(1, gpu_workers))
-            for g in gpus
-        ]
+        self.lanes += [Lane(name, gpu=g, lends=lend) for name, g in gpu_lanes(gpus, gpu_workers)]
         self.workers: list[WorkerProcess] = []
         self.launcher = launcher or Launcher(config)  # the runner's: its servers may be importing already
         self.fingerprint: dict[str, Any] = {}
         self._sel = selectors.DefaultSelector()
+        for lane in self.lanes:  # workers the runner started while it planned (Launcher.prefork)
+            early = self.launcher.adopt(lane.name)
+            if early is not None:
+                lane.reusable = early
+                self.workers.append(early)
+                self._sel.register(early.fd, selectors.EVENT_READ, early)
         self._failures: collections.Counter[str] = collections.Counter()
         self._failure_text: dict[str, str] = {}
         self._pending: collections.deque[Task] = collections.deque()

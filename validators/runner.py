@@ -48,6 +48,7 @@ from opgate.validators.cache import VerdictCache, environment_identity
 from opgate.validators.cache import default_root as default_cache_root
 from opgate.validators.collect import SKIPPED_FILE, write_planned, write_run
 from opgate.validators.device import Gpu, MachineShare, Placement, plan_cells
+from opgate.validators.lanes import gpu_lanes
 from opgate.validators.limits import memory_for, timeout_for
 from opgate.validators.options import RunOptions, repro_command
 from opgate.validators.outdir import clear_outputs, write_json
@@ -120,6 +121,7 @@ class Runner:
         self._gpus: list[Gpu] = []
         self.changes: Affected | None = None
         self.timings: dict[str, float] = {}
+        self._t0 = time.monotonic()  # the run's start (reset by execute)
 
     def env(self) -> dict[str, Any]:
         """The fingerprint: the GPU probe's, a worker's, a cached record's, the last run's, or a probe."""
@@ -164,6 +166,7 @@ class Runner:
 
     def _execute(self) -> tuple[RunResults, int]:
         t0, started = time.monotonic(), _now()
+        self._t0 = t0
         self._prepare()
         if self.changes is not None:
             _say(f"opgate: {self.changes.describe()}")
@@ -172,6 +175,8 @@ class Runner:
         cache = self._cache if self._may_serve() else None
         stored = {c.id for c in placed if cache is not None and cache.has(c, self._specs[c.op])}
         self._start_servers({str(placements[c.id].kind) for c in placed if c.id not in stored})
+        self._prefork(sum(c.id not in stored and placements[c.id].kind == "cuda" for c in placed))
+        self.timings["servers_at_s"] = time.monotonic() - t0  # servers asked for, GPU workers forked
         runnable = [c for c in placed if c.id not in stored or not self._serve_cached(c)]
         changed = [c.id for c in runnable] if self._may_serve() else []  # a miss: its op changed
         costs = expected_costs(runnable, self._history, changed)
@@ -273,6 +278,28 @@ class Runner:
         )
         self._launcher = Launcher(config)
         self._launcher.prestart(sorted(kinds))
+
+    def _prefork(self, cuda_cells: int) -> None:
+        """Start the GPU lanes' first workers now if their server is ready (a warm one).
+
+        A one-op run on the H200 planned for 0.7-1.1 s (``plan_s``), the cached
+        verdicts served last, and only then did its GPU workers start, each
+        taking 1-2 s to make its CUDA context among the others: now the
+        contexts are made while the verdicts are served.  Never more workers
+        than cuda cells, never while the server still imports (a fork would
+        block on it: cold runs wait for the imports in the pool, as before),
+        and never without a server.
+        """
+        launcher = self._launcher
+        if (
+            cuda_cells <= 0
+            or launcher is None
+            or not launcher.forks("cuda")
+            or not launcher.startable("cuda")
+        ):
+            return
+        lanes = gpu_lanes(self._gpus, self.options.gpu_workers)[:cuda_cells]
+        launcher.prefork("cuda", lanes)
 
     def _run(self, tasks: list[Task], costs: Mapping[str, float]) -> None:
         opts = self.options
@@ -469,7 +496,8 @@ class Runner:
             "compiler_cache": self._launcher.config.compiler_cache().record() if self._launcher else {},
             "other_torch_cells": self._plan.other_torch,
             "cached_cells": self.cached,
-            "workers": [w.record(pool.t0) for w in pool.workers] if pool else [],
+            # times from the run's start: a lane's wait for its first worker includes the planning
+            "workers": [w.record(self._t0) for w in pool.workers] if pool else [],
         }
         record["breakdown"] = breakdown(cells, record, control_docs)
         return record

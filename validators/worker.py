@@ -144,6 +144,13 @@ def _reset_between_cells() -> None:
     if dynamo is not None:
         with contextlib.suppress(Exception):
             dynamo.reset()
+    # CUDA graph trees (cudagraphs cells) hold graph pools and recorded state per device.
+    # ``dynamo.reset`` clears them only through the compile wrappers it still caches; the
+    # trees are reset here in any case, so a cudagraphs cell starts from none.
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is not None:
+        with contextlib.suppress(Exception):
+            trees.reset_cudagraph_trees()
 
 
 RunCell = Callable[..., Any]

@@ -305,6 +305,8 @@ class Launcher:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.servers: dict[str, ForkServer] = {}
+        #: workers started before the pool exists, by lane name (:meth:`prefork`); the pool adopts them
+        self.preforked: dict[str, WorkerProcess] = {}
         self.preload_s: dict[str, float] = {}  # per server kind: its imports (run.json)
         self.warm: dict[str, str] = {}  # per warm server kind: "started" by this run or "reused"
 
@@ -344,7 +346,36 @@ class Launcher:
         log = cfg.logs / f"{name}.log"
         return WorkerProcess(name, kind, cfg.argv(kind), cfg.env(kind, gpu), log, server=server)
 
+    def prefork(self, kind: str, lanes: Sequence[tuple[str, Gpu | None]]) -> None:
+        """Start the first worker of each of ``lanes`` now, before the pool exists.
+
+        The runner calls this while it still serves cached verdicts and orders
+        the cells, once the server of ``kind`` is ready (a warm one): a GPU
+        worker spends 0.3 s alone, 2 s beside 15 others, making its CUDA
+        context before it can take a cell, and that no longer waits for the
+        plan.  The pool adopts each as its lane's worker (:meth:`adopt`); one
+        it never adopts is stopped with the servers.
+        """
+        for lane, gpu in lanes:
+            if lane not in self.preforked:
+                self.preforked[lane] = self.spawn(f"{kind}-{lane}-0", kind, gpu)
+
+    def adopt(self, lane: str) -> WorkerProcess | None:
+        """The worker started early for ``lane`` (:meth:`prefork`), handed over once."""
+        return self.preforked.pop(lane, None)
+
+    def _drop_preforked(self) -> None:
+        """Stop the early workers no lane took: EOF, then SIGKILL (a warm server's forks: the server)."""
+        for worker in self.preforked.values():
+            worker.retiring, worker.end = True, "started early, not needed"
+            worker.close()
+            if not worker.left_to_server:
+                worker.kill()
+            worker.release()
+        self.preforked.clear()
+
     def stop(self) -> None:
+        self._drop_preforked()
         for kind, server in self.servers.items():
             self.preload_s[kind] = server.preload_s if server.ready else 0.0
             if server.warm:
