@@ -47,7 +47,7 @@ def category(check_name: str) -> str:
 
 
 def _lane(worker_name: str) -> str:
-    """``cuda-gpu0-7`` -> ``gpu0`` (worker names are ``{kind}-{lane}-{n}``)."""
+    """``cuda-gpu0-7`` -> ``gpu0`` (worker names: ``validators.workerproc.worker_name``)."""
     parts = worker_name.split("-")
     return parts[1] if len(parts) >= 3 else worker_name
 

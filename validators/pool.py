@@ -40,6 +40,7 @@ from opgate.validators.workerproc import (
     WorkerProcess,
     exit_description,
     killed_from_outside,
+    worker_name,
 )
 
 __all__ = ["Attempt", "Pool", "Task"]
@@ -243,7 +244,7 @@ class Pool:
 
     def _spawn(self, kind: str, lane: Lane) -> WorkerProcess:
         gpu = lane.gpu if kind == "cuda" else None
-        worker = self.launcher.spawn(f"{kind}-{lane.name}-{len(self.workers) + 1}", kind, gpu)
+        worker = self.launcher.spawn(worker_name(kind, lane.name, len(self.workers) + 1), kind, gpu)
         self.workers.append(worker)
         self._sel.register(worker.fd, selectors.EVENT_READ, worker)
         return worker

@@ -174,8 +174,9 @@ class Runner:
         placed = [c for c in self._plan.cells if placements[c.id].kind]
         cache = self._cache if self._may_serve() else None
         stored = {c.id for c in placed if cache is not None and cache.has(c, self._specs[c.op])}
-        self._start_servers({str(placements[c.id].kind) for c in placed if c.id not in stored})
-        self._prefork(sum(c.id not in stored and placements[c.id].kind == "cuda" for c in placed))
+        kinds = [str(placements[c.id].kind) for c in placed if c.id not in stored]  # of the cells to run
+        self._start_servers(set(kinds))
+        self._prefork(kinds.count("cuda"))
         self.timings["servers_at_s"] = time.monotonic() - t0  # servers asked for, GPU workers forked
         runnable = [c for c in placed if c.id not in stored or not self._serve_cached(c)]
         changed = [c.id for c in runnable] if self._may_serve() else []  # a miss: its op changed

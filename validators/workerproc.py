@@ -70,6 +70,12 @@ def exit_description(returncode: int | None) -> str:
     return f"worker exited with code {returncode}"
 
 
+def worker_name(kind: str, lane: str, n: int) -> str:
+    """``cuda-gpu0.1-7``: the n-th worker of a run, on ``lane`` (0: started before the pool, see
+    ``Launcher.prefork``); the run breakdown reads the lane back from it."""
+    return f"{kind}-{lane}-{n}"
+
+
 class WorkerProcess:
     """Parent-side handle: spawn, send a task, read replies without blocking, kill."""
 
@@ -358,7 +364,7 @@ class Launcher:
         """
         for lane, gpu in lanes:
             if lane not in self.preforked:
-                self.preforked[lane] = self.spawn(f"{kind}-{lane}-0", kind, gpu)
+                self.preforked[lane] = self.spawn(worker_name(kind, lane, 0), kind, gpu)
 
     def adopt(self, lane: str) -> WorkerProcess | None:
         """The worker started early for ``lane`` (:meth:`prefork`), handed over once."""
