@@ -86,6 +86,7 @@ def _run(name: str, out: Path, args: list[str], env: dict[str, str]) -> dict[str
     record["warm_servers"] = run.get("warm_servers", {})
     record["breakdown"] = run.get("breakdown", {})
     record["workers"] = len(run.get("workers") or [])
+    record["standby_workers"] = sum("standby" in w for w in run.get("workers") or [])  # warm before the run
     if not KEEP_RUNS:  # results.json, run.json and the workers' own logs say it all
         for part in ("cells", "work"):
             shutil.rmtree(folder / part, ignore_errors=True)

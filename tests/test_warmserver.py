@@ -109,6 +109,85 @@ def test_a_warm_server_serves_the_next_run_and_kills_what_a_gone_run_left(
     assert not list(server_dir.glob("*.sock"))  # it tidied up after itself
 
 
+def _children(pid: int) -> set[int]:
+    """The live (not zombie) children of ``pid``."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return {c for c in found if not _gone(c)}
+
+
+def test_standby_workers_wait_between_runs_for_the_next_runs_lanes(
+    tmp_path: Path, server_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that leaves gets its lanes' workers ready for the next; isolated cells never get one."""
+    monkeypatch.setenv("OPGATE_STANDBY", "all")  # CPU workers too: GPU workers only by default
+    first = _launcher(tmp_path / "1")
+    workers = [first.spawn(f"cpu-a-{n}", "cpu", None) for n in (1, 2)]
+    for worker in workers:
+        assert "standby" not in wait_hello(worker)  # a new server has none yet
+    first.stop()
+    (info,) = warmserver.servers()
+    server = int(info["pid"])
+    ran = {w.pid for w in workers}
+    assert _wait_for(lambda: len(_children(server) - ran) == 2, 30), (
+        "no standby for each of the run's workers"
+    )
+    assert _wait_for(lambda: not ran & _children(server), 10), "a gone run's worker outlived it"
+    standbys = _children(server)
+    time.sleep(0.5)  # their hello to the server (a CPU worker has nothing to warm up)
+
+    second = _launcher(tmp_path / "2")
+    taken = second.spawn("cpu-b-1", "cpu", None)
+    hello = wait_hello(taken)
+    assert taken.pid in standbys
+    assert hello["standby"]["waited_s"] >= 0.5
+    assert float(hello["startup_s"]) < 1.0  # counted from when this run took it
+    assert os.getpgid(taken.pid) == taken.pid  # its own group, as any worker's
+    assert Path(f"/proc/{taken.pid}/cwd").resolve() == Path.cwd().resolve()
+    fresh = second.spawn("cpu-b-2", "cpu", None, fresh=True)  # an isolated cell: a new fork
+    assert "standby" not in wait_hello(fresh)
+    assert fresh.pid not in standbys
+    other = second.spawn("cpu-b-3", "cpu", None)
+    assert "standby" in wait_hello(other)
+    assert {taken.pid, other.pid} == standbys
+    last = second.spawn("cpu-b-4", "cpu", None)  # none left: a fork
+    assert "standby" not in wait_hello(last)
+    os.kill(taken.pid, signal.SIGSEGV)  # a crash is still reported as what it was
+    assert taken.wait(timeout=10) == -signal.SIGSEGV
+    taken.hello(hello)  # as the pool takes it
+    assert taken.record(0.0)["standby"] == hello["standby"]  # run.json: this one was warm before the run
+    second.stop()  # three of its workers were up at once: three standbys for the next run
+    assert _wait_for(lambda: _gone(other.pid) and _gone(last.pid) and _gone(fresh.pid), 10)
+    assert _wait_for(lambda: len(_children(server)) == 3, 30)
+    refilled = _children(server)
+
+    third = _launcher(tmp_path / "3")  # a worker of another GPU: those standbys do not fit it
+    server_of_third = third.servers["cpu"]
+    env = {**third.config.env("cpu", None), "CUDA_VISIBLE_DEVICES": "7"}
+    log = tmp_path / "3" / "other-gpu.log"
+    other_gpu = server_of_third.fork(env, log, "cpu", standby=True)
+    assert other_gpu.pid not in refilled  # a fork
+    assert refilled <= _children(server)  # untouched
+    third.stop()  # it asked for one worker of that GPU's environment, none of the others
+    assert _wait_for(lambda: not refilled & _children(server), 10), "standbys of an environment not asked for"
+    assert _wait_for(lambda: len(_children(server)) == 1, 30), "no standby for the other GPU's worker"
+    (kept,) = _children(server)
+    assert kept not in refilled
+
+    monkeypatch.setenv("OPGATE_STANDBY", "0")  # keyed: a server of its own
+    off = _launcher(tmp_path / "4")
+    worker = off.spawn("cpu-d-1", "cpu", None)
+    assert "standby" not in wait_hello(worker)
+    off.stop()
+    (info_off,) = [i for i in warmserver.servers() if i["pid"] != server]
+    time.sleep(1.0)
+    assert not _children(int(info_off["pid"]))  # none forked for a run that turned them off
+
+    warmserver.stop_all()
+    assert _wait_for(lambda: _gone(kept), 10), "a standby outlived its server"
+
+
 def test_a_stale_warm_server_is_replaced_and_the_key_follows_import_time_settings(
     tmp_path: Path, server_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -177,10 +256,16 @@ def _opgate_run(ops: Path, out: Path, *extra: str) -> tuple[dict[str, Any], RunR
 
 
 @pytest.mark.slow
-def test_runs_on_a_warm_server_judge_as_runs_on_their_own(tmp_path: Path, server_dir: Path) -> None:
-    """Same verdicts, a crash still costs only its cell, and a spec edited between runs is seen."""
+def test_runs_on_a_warm_server_judge_as_runs_on_their_own(
+    tmp_path: Path, server_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same verdicts, a crash still costs only its cell, and a spec edited between runs is seen.
+
+    The second and third runs' workers include standbys the earlier run left (``OPGATE_STANDBY``).
+    """
     ops = tmp_path / "ops"
     shutil.copytree(FIXTURES, ops, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("OPGATE_STANDBY", "all")  # the later runs' lanes take standby workers
     own_record, own = _opgate_run(ops, tmp_path / "own")
     first_record, first = _opgate_run(ops, tmp_path / "first", "--keep-warm", "5")
     second_record, second = _opgate_run(ops, tmp_path / "second", "--keep-warm", "5")
@@ -197,6 +282,8 @@ def test_runs_on_a_warm_server_judge_as_runs_on_their_own(tmp_path: Path, server
     assert sum(v is Verdict.PASS for v in verdicts.values()) == len(verdicts) - len(crashed)
     crash_reason = {c.id: c.reason for c in second.cells}[crashed[0]]
     assert "SIGSEGV" in crash_reason
+    assert not any("standby" in w for w in first_record["workers"])
+    assert any("standby" in w for w in second_record["workers"])
 
     spec = ops / "fx_flaky" / "spec.yaml"  # the worker must judge with the edited spec
     wrong = spec.read_text().replace("reference: fx_common:scale", "reference: fx_common:sample_inputs")
@@ -206,6 +293,8 @@ def test_runs_on_a_warm_server_judge_as_runs_on_their_own(tmp_path: Path, server
     flaky = next(c for c in third.cells if c.id.startswith("fx_flaky"))
     assert flaky.verdict is Verdict.ERROR, flaky.reason
     assert "sample_inputs() missing" in flaky.reason  # the edited reference ran, in a reused server
+    ran = [w for w in third_record["workers"] if flaky.id in w["cells"]]  # its lane's, then its re-run's
+    assert "standby" in ran[0]  # a standby, forked before the edit, loaded the specs when the run took it
 
 
 def test_a_runs_end_leaves_its_warm_forks_to_the_server(tmp_path: Path, server_dir: Path) -> None:

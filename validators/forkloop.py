@@ -7,6 +7,18 @@ number for a warm one), forking a worker per request and reporting each
 worker's exit to the run that asked for it.  The protocol and the run's side
 are in :mod:`validators.forkserver`; finding and starting warm servers is
 :mod:`validators.warmserver`.
+
+Standby workers: when a run leaves a warm server, the server forks as many
+workers as that run had at once, each of which makes its CUDA context and
+its first compile while no run waits (:func:`worker.warm_standby`), then
+blocks on a socket of its own.  The next run with the same environment gets
+one of them instead of a fresh fork for each lane's first worker: it takes
+cells at once instead of after ~1 s of context and ~1 s of first-use costs
+in its first cells.  A worker for an isolated cell or a re-run is always a
+fresh fork.  A standby loads the op specs when a run takes it (they may have
+changed since), dies with the server, and is stopped when the server goes
+stale or idle.  ``OPGATE_STANDBY`` in the run's environment chooses which
+kinds get them (:data:`STANDBY_KINDS`).
 """
 
 from __future__ import annotations
@@ -23,9 +35,23 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from opgate.validators.forkserver import MAX_MSG
+from opgate.validators.warmserver import KEYED_NAMES, KEYED_PREFIXES
+
+#: ``OPGATE_STANDBY`` values -> the worker kinds a warm server keeps standby workers for.  GPU
+#: workers by default: what they make before their first cell (a CUDA context, the first
+#: compile and CUDA graph) is worth keeping; a CPU worker's start is a fork.
+STANDBY_KINDS: Mapping[str, frozenset[str]] = {
+    "": frozenset({"cuda"}),
+    "gpu": frozenset({"cuda"}),
+    "all": frozenset({"cuda", "cpu"}),
+    "0": frozenset(),
+    "off": frozenset(),
+}
+#: The most standby workers one warm server keeps (each GPU one holds a CUDA context).
+MAX_STANDBY = 16
 
 if TYPE_CHECKING:
     from opgate.validators.worker import Preloaded
@@ -86,9 +112,23 @@ def serve_forks(  # noqa: PLR0917 - the worker's command line, argument for argu
     finally:
         if loop.listener is not None:
             _unbind(loop.listener, listen)
-        for pid in loop.owner if loop.warm else ():  # stopped from outside: no worker outlives it
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+        for pid in [*loop.owner, *loop.standby] if loop.warm else ():  # no worker outlives it
+            _kill(pid)
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a worker of this server and its process group.
+
+    A worker forked a moment ago may not have called ``setsid`` yet: it has
+    no group of its own then, and only the process itself can be killed.
+    """
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    except PermissionError:
+        pass
 
 
 def _terminate(*_: object) -> None:
@@ -152,6 +192,11 @@ class _Loop:
         self.sel = selectors.DefaultSelector()
         self.owner: dict[int, socket.socket] = {}  # worker pid -> the run that asked for it
         self.specs: dict[socket.socket, Preloaded] = {}  # per run of a warm server: its own specs
+        self.standby: dict[int, _Standby] = {}  # forked between runs, waiting for one (module doc)
+        self.keys: dict[int, str] = {}  # a lane's worker pid -> its standby key (:func:`_standby_key`)
+        #: per run and standby key: a request that may take a standby, and the most such workers
+        #: the run had at once (what :meth:`_refill` forks when it leaves)
+        self.asked: dict[socket.socket, dict[str, tuple[dict[str, Any], int]]] = {}
         self.served = 0
         self.path = path  # a warm server's socket path
         self.warm = listener is not None
@@ -191,6 +236,8 @@ class _Loop:
                     self._reap()
                 elif key.data == "listen":
                     self._accept()
+                elif isinstance(key.data, _Standby):
+                    self._standby_says(key.data)
                 elif not self._request(key.fileobj) and not self.warm:  # type: ignore[arg-type]
                     return 0  # the run that started this server is done
             if self.owner or self.served_now():
@@ -206,6 +253,8 @@ class _Loop:
             self.sel.unregister(self.listener)
             _unbind(self.listener, self.path)  # the path is free for a fresh server now
             self.listener = None
+            for standby in list(self.standby.values()):  # forked from the same stale imports
+                self._drop(standby)
             with contextlib.suppress(OSError):
                 _send(conn, {"ready": False, "stale": stale})
             conn.close()
@@ -226,23 +275,106 @@ class _Loop:
             self._detach(conn)
             return False
         req = json.loads(msg)
-        pre = self._preloaded(conn, req)
-        pid = os.fork()
-        if pid == 0:
-            runs = [key.fileobj for key in self.sel.get_map().values() if key.data == "run"]
-            self.sel.close()
-            for sock in runs:
-                sock.close()  # type: ignore[union-attr]
-            if self.listener is not None:
-                self.listener.close()
-            os.close(self.wake[0])
-            os.close(self.wake[1])
-            _become_worker(req, fds, pre)  # never returns
+        key = _standby_key(req, self.pre.kind)
+        standby = self._take_standby(key, msg, fds) if req.get("standby") else None
+        if standby is not None:
+            pid = standby.pid
+        else:
+            pre = self._preloaded(conn, req)
+            pid = os.fork()
+            if pid == 0:
+                self._close_in_child()
+                _become_worker(req, fds, pre)  # never returns
         for f in fds:
             os.close(f)
         self.owner[pid] = conn
-        _send(conn, {"pid": pid})
+        if req.get("standby"):  # a lane's worker (never an isolated cell's): counted for the refill
+            self.keys[pid] = key
+            asked = self.asked.setdefault(conn, {})
+            now = sum(1 for p, c in self.owner.items() if c is conn and self.keys.get(p) == key)
+            asked[key] = (req, max(now, asked.get(key, (req, 0))[1]))
+        _send(conn, {"pid": pid, "standby": standby is not None})
         return True
+
+    def _close_in_child(self) -> None:
+        """In a fork: close the server's sockets and wake pipe (the runs', the standbys', the listener)."""
+        socks = [key.fileobj for key in self.sel.get_map().values() if isinstance(key.fileobj, socket.socket)]
+        self.sel.close()
+        for sock in socks:
+            sock.close()
+        if self.listener is not None:
+            self.listener.close()
+        os.close(self.wake[0])
+        os.close(self.wake[1])
+
+    def _take_standby(self, key: str, msg: bytes, fds: Sequence[int]) -> _Standby | None:
+        """Hand the request to a ready standby with the same ``key``; None when there is none."""
+        for standby in list(self.standby.values()):
+            if not standby.ready or standby.key != key:
+                continue
+            del self.standby[standby.pid]
+            self.sel.unregister(standby.sock)
+            try:
+                socket.send_fds(standby.sock, [msg], list(fds))
+            except OSError:  # it died just now: its exit is reaped as a stranger's
+                standby.sock.close()
+                continue
+            standby.sock.close()
+            return standby
+        return None
+
+    def _standby_says(self, standby: _Standby) -> None:
+        """A standby is ready (its context made), or it ended before any run took it."""
+        try:
+            data = standby.sock.recv(MAX_MSG)
+        except OSError:
+            data = b""
+        if data:
+            standby.ready = bool(json.loads(data).get("ready"))
+            return
+        self.sel.unregister(standby.sock)
+        standby.sock.close()
+        self.standby.pop(standby.pid, None)
+
+    def _refill(self, asked: Mapping[str, tuple[dict[str, Any], int]]) -> None:
+        """Fork standbys for a run that just left: per environment, as many as it had at once.
+
+        Standbys of an environment that run did not ask for are stopped (the
+        next run is most likely its like); none are forked when its
+        ``OPGATE_STANDBY`` leaves the kind out, or when the server is stale.
+        """
+        for standby in list(self.standby.values()):
+            if standby.key not in asked:
+                self._drop(standby)
+        if not self.warm or self.listener is None:
+            return
+        for key, (req, peak) in asked.items():
+            kinds = STANDBY_KINDS.get(str(req.get("env", {}).get("OPGATE_STANDBY", "")).strip().lower())
+            if kinds is None or str(req.get("kind") or self.pre.kind) not in kinds:
+                continue
+            have = sum(1 for standby in self.standby.values() if standby.key == key)
+            for _ in range(min(peak - have, MAX_STANDBY - len(self.standby))):
+                self._fork_standby(req, key)
+
+    def _fork_standby(self, req: Mapping[str, Any], key: str) -> None:
+        """A standby for ``req``'s environment (:func:`_become_standby`), registered to say ready."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            self._close_in_child()
+            _become_standby(req, theirs, self.pre)  # never returns
+        theirs.close()
+        self.standby[pid] = standby = _Standby(pid, ours, key)
+        self.sel.register(ours, selectors.EVENT_READ, standby)
+
+    def _drop(self, standby: _Standby) -> None:
+        """Stop a standby nobody will take (its exit is reaped like any child's)."""
+        self.standby.pop(standby.pid, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(standby.sock)
+        standby.sock.close()
+        _kill(standby.pid)
 
     def _preloaded(self, conn: socket.socket, req: Mapping[str, Any]) -> Preloaded:
         """A warm server's run gets the specs its own files say (loaded once per run)."""
@@ -265,9 +397,11 @@ class _Loop:
         self.specs.pop(conn, None)
         for pid, owner in list(self.owner.items()):
             if owner is conn and self.warm:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+                _kill(pid)
         conn.close()
+        asked = self.asked.pop(conn, None)
+        if asked:  # its lanes' workers: ready for the next run
+            self._refill(asked)
 
     def _reap(self) -> None:
         while True:
@@ -277,7 +411,11 @@ class _Loop:
                 return
             if pid == 0:
                 return
+            standby = self.standby.get(pid)
+            if standby is not None:  # died before a run took it
+                self._drop(standby)
             conn = self.owner.pop(pid, None)
+            self.keys.pop(pid, None)
             if conn is not None and conn.fileno() >= 0:
                 with contextlib.suppress(OSError):
                     _send(conn, {"exit": pid, "status": os.waitstatus_to_exitcode(status)})
@@ -298,6 +436,59 @@ def _forks_poisoned() -> bool:
     return os.waitstatus_to_exitcode(status) != 0
 
 
+@dataclasses.dataclass
+class _Standby:
+    """A worker forked between runs (module doc): its pid, the server's end of its socket, its key."""
+
+    pid: int
+    sock: socket.socket
+    key: str
+    ready: bool = False  # its CUDA context and first compile are done
+
+
+def _standby_key(req: Mapping[str, Any], default_kind: str) -> str:
+    """What a standby must share with a request: the worker's kind and every variable that can
+    shape its CUDA context, warm-up or imports (the warm server's own key's, e.g. the GPU in
+    ``CUDA_VISIBLE_DEVICES``).  The rest of the request's environment is applied when it is taken.
+    """
+    env = req.get("env", {})
+    keyed = sorted((k, v) for k, v in env.items() if k in KEYED_NAMES or k.startswith(KEYED_PREFIXES))
+    return json.dumps([req.get("kind") or default_kind, keyed])
+
+
+def _leave_server() -> None:
+    """In a fork of the server: its own signal handling and session (killed as a group)."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.setsid()
+
+
+def _take_pipes(req: Mapping[str, Any], fds: Sequence[int]) -> IO[str]:
+    """The run's pipes on fds 0-2, its environment and folder; the protocol channel."""
+    from opgate.validators import worker
+
+    for target, fd in zip((0, 1, 2), fds, strict=True):
+        os.dup2(fd, target)
+    for fd in fds:
+        os.close(fd)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 lives as long as the process
+    os.environ.clear()
+    os.environ.update(req["env"])
+    if req.get("cwd"):
+        os.chdir(str(req["cwd"]))  # a warm server's run may start anywhere
+    return worker._channel()
+
+
+def _for_request(pre: Preloaded, req: Mapping[str, Any]) -> Preloaded:
+    """The preload with the request's kind, and its specs when the server had none to give."""
+    if pre.specs is None:  # the warm server could not load them, or a standby: load them here
+        from opgate.matrix.spec import load_specs
+
+        pre = dataclasses.replace(pre, specs=load_specs([Path(p) for p in req["ops_paths"]]))
+    return dataclasses.replace(pre, kind=str(req.get("kind") or pre.kind))
+
+
 def _become_worker(req: Mapping[str, Any], fds: Sequence[int], pre: Preloaded) -> None:
     """In the forked child: own session, the parent's pipes on fds 0-2, the lane's environment."""
     from opgate.validators import worker
@@ -305,27 +496,53 @@ def _become_worker(req: Mapping[str, Any], fds: Sequence[int], pre: Preloaded) -
     t0 = time.perf_counter()
     code = 70
     try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.setsid()
-        for target, fd in zip((0, 1, 2), fds, strict=True):
-            os.dup2(fd, target)
-        for fd in fds:
-            os.close(fd)
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 lives as long as the process
-        os.environ.clear()
-        os.environ.update(req["env"])
-        if req.get("cwd"):
-            os.chdir(str(req["cwd"]))  # a warm server's run may start anywhere
-        channel = worker._channel()
+        _leave_server()
+        channel = _take_pipes(req, fds)
         worker.arm()
-        kind = str(req.get("kind") or pre.kind)
-        if pre.specs is None:  # the warm server could not load them: say why here, in the worker's log
-            from opgate.matrix.spec import load_specs
+        code = worker.serve_loop(channel, _for_request(pre, req), t0)
+    except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
+        import traceback
 
-            pre = dataclasses.replace(pre, specs=load_specs([Path(p) for p in req["ops_paths"]]))
-        code = worker.serve_loop(channel, dataclasses.replace(pre, kind=kind), t0)
+        traceback.print_exc()
+    finally:
+        worker.exit_now(code)
+
+
+def _become_standby(asked: Mapping[str, Any], sock: socket.socket, pre: Preloaded) -> None:
+    """In a standby: warm up with the environment ``asked`` had, say ready, wait for a run's request.
+
+    The server's stderr is the standby's until a run takes it (its warm-up
+    notes land in the server's log); then it is the worker that request
+    would have forked, but for the warm-up, and its hello says how long that
+    took and how long it waited.  EOF (the server dropped it) ends it.
+    """
+    from opgate.validators import worker
+
+    code = 70
+    try:
+        _leave_server()
+        os.environ.clear()
+        os.environ.update(asked["env"])
+        worker.arm()
+        kind = str(asked.get("kind") or pre.kind)
+        t_warm = time.perf_counter()
+        if not worker.warm_standby(kind):
+            code = 3  # the device is not usable: no run should get this worker
+            return
+        warm_s = time.perf_counter() - t_warm
+        sock.send(json.dumps({"ready": True}).encode())
+        t_wait = time.perf_counter()
+        msg, fds, _, _ = socket.recv_fds(sock, MAX_MSG, 3)
+        if not msg:
+            code = 0
+            return
+        t0 = time.perf_counter()
+        sock.close()
+        req = json.loads(msg)
+        channel = _take_pipes(req, fds)
+        standby = {"warm_s": round(warm_s, 3), "waited_s": round(t0 - t_wait, 3)}
+        unloaded = dataclasses.replace(pre, specs=None)  # type: ignore[arg-type]  # the run's, loaded now
+        code = worker.serve_loop(channel, _for_request(unloaded, req), t0, standby)
     except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
         import traceback
 

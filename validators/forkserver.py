@@ -20,9 +20,10 @@ Protocol on a ``SOCK_SEQPACKET`` socket pair, or a connection to a warm
 server's path (one message per packet)::
 
     server -> {"ready": true, "preload_s": s, "reused": b}   once, after the imports
-    parent -> {"env": {...}, "kind": k} + fds [stdin, stdout, log]  one per worker
-              (to a warm server also "ops_paths" and "cwd": the run's own specs and folder)
-    server -> {"pid": n}                                  the forked worker
+    parent -> {"env": {...}, "kind": k, "standby": b} + fds [stdin, stdout, log]  one per worker
+              (to a warm server also "ops_paths" and "cwd": the run's own specs and folder;
+              "standby": a standby worker may serve it, see ``forkloop``)
+    server -> {"pid": n, "standby": b}                    the forked (or standby) worker
     server -> {"exit": n, "status": rc}                   whenever a worker ends (rc < 0: signal)
 """
 
@@ -142,8 +143,14 @@ class ForkServer:
             return True
         return False
 
-    def fork(self, env: Mapping[str, str], log: Path, kind: str = "") -> ForkedProcess:
-        """A worker of ``kind`` (default: the server's) in ``serve_loop``; OSError if the server is gone."""
+    def fork(
+        self, env: Mapping[str, str], log: Path, kind: str = "", *, standby: bool = False
+    ) -> ForkedProcess:
+        """A worker of ``kind`` (default: the server's) in ``serve_loop``; OSError if the server is gone.
+
+        ``standby``: a warm server may answer with a worker it started before
+        the run (``forkloop``), warmed up; never for a cell that needs a fresh process.
+        """
         if not self.wait_ready():
             raise OSError(self.failed)
         in_r, in_w = os.pipe()
@@ -151,7 +158,7 @@ class ForkServer:
         log.parent.mkdir(parents=True, exist_ok=True)
         err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            request = {**self.request, "env": dict(env), "kind": kind}
+            request = {**self.request, "env": dict(env), "kind": kind, "standby": standby}
             socket.send_fds(self.sock, [json.dumps(request).encode()], [in_r, out_w, err])
         finally:
             for fd in (in_r, out_w, err):

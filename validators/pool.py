@@ -149,7 +149,7 @@ class Pool:
             if lane.spare is not None and usable(lane.spare, task.kind):
                 worker, lane.spare = lane.spare, None
             else:
-                worker = self._spawn(task.kind, lane)
+                worker = self._spawn(task.kind, lane, fresh=True)
         else:
             if lane.reusable is not None and not usable(lane.reusable, task.kind):
                 self._retire(lane.reusable, "replaced by another kind")
@@ -198,7 +198,7 @@ class Pool:
             ):
                 if lane.spare is not None:
                     self._retire(lane.spare, "spare of another kind")
-                lane.spare = self._spawn(spare_kind, lane)
+                lane.spare = self._spawn(spare_kind, lane, fresh=True)
             if nxt is None or nxt.fresh or self._failures[nxt.kind] or not self.launcher.startable(nxt.kind):
                 continue
             if lane.current is not lane.reusable and not usable(lane.reusable, nxt.kind):
@@ -242,9 +242,11 @@ class Pool:
         with contextlib.suppress(OSError):  # the worker died: its EOF arrives through the selector
             worker.send(msg)
 
-    def _spawn(self, kind: str, lane: Lane) -> WorkerProcess:
+    def _spawn(self, kind: str, lane: Lane, *, fresh: bool = False) -> WorkerProcess:
+        """A worker for ``lane``: its reusable one, or (``fresh``) a throw-away one for isolated cells."""
         gpu = lane.gpu if kind == "cuda" else None
-        worker = self.launcher.spawn(worker_name(kind, lane.name, len(self.workers) + 1), kind, gpu)
+        name = worker_name(kind, lane.name, len(self.workers) + 1)
+        worker = self.launcher.spawn(name, kind, gpu, fresh=fresh)
         self.workers.append(worker)
         self._sel.register(worker.fd, selectors.EVENT_READ, worker)
         return worker

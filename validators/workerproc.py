@@ -88,6 +88,7 @@ class WorkerProcess:
         log: Path,
         *,
         server: ForkServer | None = None,
+        standby: bool = False,
     ) -> None:
         self.name, self.kind, self.log = name, kind, log
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +96,7 @@ class WorkerProcess:
         self.forked = False
         if server is not None:
             try:
-                self.proc, self.forked = server.fork(env, log, kind), True
+                self.proc, self.forked = server.fork(env, log, kind, standby=standby), True
             except OSError as exc:
                 with log.open("a") as f:
                     f.write(f"fork server unusable ({exc}); starting a fresh interpreter\n")
@@ -118,6 +119,7 @@ class WorkerProcess:
         self.eof = False
         self.fingerprint: dict[str, Any] = {}
         self.startup_s = 0.0
+        self.standby: dict[str, Any] = {}  # a warm server's standby: its warm-up and wait (hello)
         self.cells: list[str] = []
         self.end = ""
         self.garbled = 0
@@ -140,6 +142,7 @@ class WorkerProcess:
         self.ready_at = time.monotonic()
         self.startup_s = float(msg.get("startup_s", 0.0))
         self.fingerprint = dict(msg.get("fingerprint") or {})
+        self.standby = dict(msg.get("standby") or {})
 
     def send(self, msg: Mapping[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -216,7 +219,7 @@ class WorkerProcess:
 
     def record(self, t0: float) -> dict[str, Any]:
         """For run.json: which cells it served, how it ended, and when (s since ``t0``)."""
-        return {
+        record = {
             "name": self.name,
             "kind": self.kind,
             "pid": self.pid,
@@ -226,6 +229,9 @@ class WorkerProcess:
             "cells": self.cells,
             "end": self.end or exit_description(self.proc.returncode),
         }
+        if self.standby:  # started and warmed up before this run: not in its start-up
+            record["standby"] = self.standby
+        return record
 
 
 @dataclass
@@ -346,11 +352,13 @@ class Launcher:
         server = self.servers.get(kind)
         return server is not None and not server.failed
 
-    def spawn(self, name: str, kind: str, gpu: Gpu | None) -> WorkerProcess:
+    def spawn(self, name: str, kind: str, gpu: Gpu | None, *, fresh: bool = False) -> WorkerProcess:
+        """A worker of ``kind``; ``fresh`` (an isolated cell's, a re-run's) never a warm server's standby."""
         cfg = self.config
         server = self.servers.get(kind)
         log = cfg.logs / f"{name}.log"
-        return WorkerProcess(name, kind, cfg.argv(kind), cfg.env(kind, gpu), log, server=server)
+        env = cfg.env(kind, gpu)
+        return WorkerProcess(name, kind, cfg.argv(kind), env, log, server=server, standby=not fresh)
 
     def prefork(self, kind: str, lanes: Sequence[tuple[str, Gpu | None]]) -> None:
         """Start the first worker of each of ``lanes`` now, before the pool exists.
