@@ -9,13 +9,12 @@ are in :mod:`validators.forkserver`; finding and starting warm servers is
 :mod:`validators.warmserver`.
 
 Standby workers: when a run leaves a warm server, the server forks as many
-workers as that run had at once, each of which makes its CUDA context and
-its first compile while no run waits (:func:`worker.warm_standby`), then
-blocks on a socket of its own.  The next run with the same environment gets
-one of them instead of a fresh fork for each lane's first worker: it takes
-cells at once instead of after ~1 s of context and ~1 s of first-use costs
-in its first cells.  A worker for an isolated cell or a re-run is always a
-fresh fork.  A standby loads the op specs when a run takes it (they may have
+workers as that run had at once, each of which makes its CUDA context while
+no run waits (:func:`worker.start_standby`), then blocks on a socket of its
+own.  The next run with the same environment gets one of them instead of a
+fresh fork for each lane's first worker: it takes cells at once instead of
+after ~0.8 s of context.  A worker for an isolated cell or a re-run is
+always a fresh fork.  A standby loads the op specs when a run takes it (they may have
 changed since), dies with the server, and is stopped when the server goes
 stale or idle.  ``OPGATE_STANDBY`` in the run's environment chooses which
 kinds get them (:data:`STANDBY_KINDS`).
@@ -41,8 +40,8 @@ from opgate.validators.forkserver import MAX_MSG
 from opgate.validators.warmserver import KEYED_NAMES, KEYED_PREFIXES
 
 #: ``OPGATE_STANDBY`` values -> the worker kinds a warm server keeps standby workers for.  GPU
-#: workers by default: what they make before their first cell (a CUDA context, the first
-#: compile and CUDA graph) is worth keeping; a CPU worker's start is a fork.
+#: workers by default: what they make before their first cell (a CUDA context) is worth
+#: keeping; a CPU worker's start is a fork.
 STANDBY_KINDS: Mapping[str, frozenset[str]] = {
     "": frozenset({"cuda"}),
     "gpu": frozenset({"cuda"}),
@@ -443,12 +442,12 @@ class _Standby:
     pid: int
     sock: socket.socket
     key: str
-    ready: bool = False  # its CUDA context and first compile are done
+    ready: bool = False  # its CUDA context is made
 
 
 def _standby_key(req: Mapping[str, Any], default_kind: str) -> str:
     """What a standby must share with a request: the worker's kind and every variable that can
-    shape its CUDA context, warm-up or imports (the warm server's own key's, e.g. the GPU in
+    shape its CUDA context or imports (the warm server's own key's, e.g. the GPU in
     ``CUDA_VISIBLE_DEVICES``).  The rest of the request's environment is applied when it is taken.
     """
     env = req.get("env", {})
@@ -509,12 +508,11 @@ def _become_worker(req: Mapping[str, Any], fds: Sequence[int], pre: Preloaded) -
 
 
 def _become_standby(asked: Mapping[str, Any], sock: socket.socket, pre: Preloaded) -> None:
-    """In a standby: warm up with the environment ``asked`` had, say ready, wait for a run's request.
+    """In a standby: start up with the environment ``asked`` had, say ready, wait for a run's request.
 
-    The server's stderr is the standby's until a run takes it (its warm-up
-    notes land in the server's log); then it is the worker that request
-    would have forked, but for the warm-up, and its hello says how long that
-    took and how long it waited.  EOF (the server dropped it) ends it.
+    The server's stderr is the standby's until a run takes it; then it is the
+    worker that request would have forked, and its hello says how long its
+    start-up took and how long it waited.  EOF (the server dropped it) ends it.
     """
     from opgate.validators import worker
 
@@ -525,11 +523,11 @@ def _become_standby(asked: Mapping[str, Any], sock: socket.socket, pre: Preloade
         os.environ.update(asked["env"])
         worker.arm()
         kind = str(asked.get("kind") or pre.kind)
-        t_warm = time.perf_counter()
-        if not worker.warm_standby(kind):
+        t_start = time.perf_counter()
+        if not worker.start_standby(kind):
             code = 3  # the device is not usable: no run should get this worker
             return
-        warm_s = time.perf_counter() - t_warm
+        startup_s = time.perf_counter() - t_start
         sock.send(json.dumps({"ready": True}).encode())
         t_wait = time.perf_counter()
         msg, fds, _, _ = socket.recv_fds(sock, MAX_MSG, 3)
@@ -540,7 +538,7 @@ def _become_standby(asked: Mapping[str, Any], sock: socket.socket, pre: Preloade
         sock.close()
         req = json.loads(msg)
         channel = _take_pipes(req, fds)
-        standby = {"warm_s": round(warm_s, 3), "waited_s": round(t0 - t_wait, 3)}
+        standby = {"startup_s": round(startup_s, 3), "waited_s": round(t0 - t_wait, 3)}
         unloaded = dataclasses.replace(pre, specs=None)  # type: ignore[arg-type]  # the run's, loaded now
         code = worker.serve_loop(channel, _for_request(unloaded, req), t0, standby)
     except BaseException:  # noqa: BLE001 - a child must never return into the server's loop

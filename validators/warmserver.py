@@ -16,8 +16,8 @@ What keeps a warm server honest:
   fresh fork with the run's own environment, working folder and specs (loaded
   per run, so an edited ``spec.yaml`` is seen).  A lane's first worker may be
   a standby the last run left (:mod:`validators.forkloop`): a fork that made
-  its CUDA context and a warm-up compile before the run, and gets the run's
-  environment, folder and specs when the run takes it.
+  its CUDA context before the run, and gets the run's environment, folder
+  and specs when the run takes it.
 * It is found by a key over what shapes an import: the interpreter, the
   worker's arguments and the environment variables torch, Triton, CUDA,
   Python and opgate read (``KEYED_PREFIXES``).  Anything else in the

@@ -381,53 +381,26 @@ def warm_cuda(torch: Any) -> None:
         print(f"opgate: CUDA did not start before the first cell: {exc}", file=sys.stderr)
 
 
-def warm_standby(kind: str) -> bool:
-    """What a standby worker does before any run needs it (``forkloop``); False: the device is unusable.
+def start_standby(kind: str) -> bool:
+    """What a standby worker makes before any run needs it (``forkloop``); False: the device is unusable.
 
-    A GPU worker makes its CUDA context, then what every worker's first
-    cells paid on the H200 (0.7-1.5 s of the first cudagraphs cell, 0.3-0.5 s
-    of the first eager one): Triton's driver set-up and first launch, the
-    first Inductor compile, a CUDA graph tree's capture, the autograd engine
-    and a profiler session, all on a throw-away function of torch's own.  It
-    then resets as a worker does between cells, so the first cell meets what
-    every later cell of a shared worker meets.  A CPU worker has nothing to
-    warm.  ``OPGATE_STANDBY_WARMUP=0`` keeps only the context.
+    A GPU worker makes its CUDA context, which a worker forked for a run
+    makes before its hello (~0.8 s each when a run's lanes start together on
+    the H200), and nothing more: a warm-up compile, CUDA graph and profiler
+    session on a throw-away function (``results/runs/h200-speed-standby``)
+    left the first cells' costs where they were (their Triton compiles of the
+    changed kernel, which no warm-up can make) and every later cell slower.
+    A CPU worker has nothing to make.
     """
     if kind != "cuda":
         return True
     import torch
 
     warm_cuda(torch)
-    if os.environ.get("OPGATE_STANDBY_WARMUP", "1").strip().lower() not in {"0", "false", "no", "off"}:
-        try:
-            _warm_first_uses(torch)
-        except Exception as exc:  # noqa: BLE001 - a warm-up that fails leaves a cold worker, no more
-            print(f"opgate: standby warm-up failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     unhealthy = _health(kind)
-    _reset_between_cells()
     if unhealthy:
         print(unhealthy, file=sys.stderr)
     return not unhealthy
-
-
-def _warm_first_uses(torch: Any) -> None:
-    """A tiny graph through eager autograd, the profiler, torch.compile and CUDA graph trees."""
-    from torch.profiler import ProfilerActivity, profile
-
-    x = torch.linspace(-1.0, 1.0, 256, device="cuda", requires_grad=True)
-    (x * x).sum().backward()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
-        (x.detach() + 1).sum()
-        torch.cuda.synchronize()
-    compiled = torch.compile(_standby_graph, mode="reduce-overhead", fullgraph=True)
-    y = x.detach()
-    for _ in range(3):  # warm-up, record, replay
-        compiled(y)
-    torch.cuda.synchronize()
-
-
-def _standby_graph(x: Any) -> Any:
-    return (x * 2.0 + 1.0).relu().sum()
 
 
 def serve_loop(
@@ -435,7 +408,7 @@ def serve_loop(
 ) -> int:
     """Say hello (with this process's fingerprint), then run tasks from stdin until it closes.
 
-    ``standby``: this worker was a standby (``forkloop``); its warm-up and
+    ``standby``: this worker was a standby (``forkloop``); its start-up and
     wait, which no run waited for, are in the hello, and ``startup_s`` counts
     from the moment a run took it.
     """
