@@ -128,6 +128,16 @@ def test_rerun_serves_unchanged_ops_and_reruns_the_changed_one(tmp_path: Path) -
     flaky_id = next(i for i in ids if i.startswith("fx_flaky"))
     assert third["cached_cells"] == [i for i in ids if i != flaky_id]
     assert [c for w in third["workers"] for c in w["cells"]] == [flaky_id]
+    assert third["timings"]["served_s"] >= third["timings"]["plan_s"]  # served while the lane ran
+
+    segv_id = next(i for i in ids if i.startswith("fx_segv"))
+    (record,) = [p for p in cache.rglob("*.json") if json.loads(p.read_text()).get("id") == segv_id]
+    record.write_text("{not json")  # a stored record that no longer loads, served in the background
+    impl.write_text(impl.read_text() + "\n# another change to this op\n")
+    fourth = opgate_run(ops, tmp_path / "3b", cache)
+    assert fourth["cached_cells"] == []
+    assert sorted(c for w in fourth["workers"] for c in w["cells"]) == ids  # it ran after all
+    assert {c.id: c.verdict for c in fourth["results"].cells} == {i: Verdict.PASS for i in ids}
 
     forced = opgate_run(ops, tmp_path / "4", cache, "--no-cache")
     assert forced["cached_cells"] == []

@@ -28,7 +28,7 @@ import contextlib
 import functools
 import selectors
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +95,28 @@ class Pool:
         self._pending: collections.deque[Task] = collections.deque()
         self._on_done: Done = lambda task, attempt: ()
 
-    def run(self, tasks: Iterable[Task], on_done: Done) -> None:
+    def run(
+        self, tasks: Iterable[Task], on_done: Done, background: Iterator[list[Task]] | None = None
+    ) -> None:
+        """Run ``tasks`` and what ``on_done`` adds; ``background``: the runner's own work between polls.
+
+        Each step of ``background`` is a few milliseconds of the runner's work
+        (serving cached verdicts while the lanes already run the changed
+        cells) and may add tasks; the pool looks at its workers between steps
+        and does not wait in its poll while steps are left.
+        """
         self._pending, self._on_done = collections.deque(tasks), on_done
         try:
             self.launcher.prestart(sorted({t.kind for t in self._pending}))
-            while self._pending or self._busy():
+            while self._pending or self._busy() or background is not None:
+                if background is not None:
+                    try:
+                        more = next(background)
+                    except StopIteration:
+                        background = None
+                    else:
+                        self._pending.extend(more)
+                        self.launcher.prestart(sorted({t.kind for t in more}))
                 # looked at before the dispatch: a server ready then is ready for the dispatch too,
                 # while one that gets ready during it must not make its cells look unplaceable
                 importing = self.launcher.importing()
@@ -110,8 +127,9 @@ class Pool:
                         self._finish(task, Attempt(_error(f"no lane runs {task.kind} cells"), 0.0))
                     continue
                 self._prewarm()
-                self._retire_idle()
-                self._poll()
+                if background is None:  # a lane idle now may get a cell from the background's next step
+                    self._retire_idle()
+                self._poll(busy=background is not None)
                 self._check_deadlines()
         except BaseException:  # interrupted (Ctrl-C, SIGTERM): no politeness, no orphans
             self.shutdown(force=True)
@@ -252,11 +270,14 @@ class Pool:
         return worker
 
     # -- events ------------------------------------------------------------------------------
-    def _poll(self) -> None:
+    def _poll(self, *, busy: bool = False) -> None:
+        """Read what the workers sent; wait for it up to the next deadline (not at all when ``busy``)."""
         deadlines = [lane.deadline for lane in self.lanes if lane.task is not None]
         wait = min(deadlines, default=time.monotonic() + 1.0) - time.monotonic()
         # cells waiting on a server's imports: look again soon (its ready message is not on the selector)
         cap = 0.05 if self._pending and self.launcher.importing() else 1.0
+        if busy:
+            cap = 0.0
         for key, _ in self._sel.select(timeout=min(max(0.0, wait), cap)):
             worker: WorkerProcess = key.data
             for msg in worker.read():
