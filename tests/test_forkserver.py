@@ -9,11 +9,14 @@ server that cannot start leaves the run on fresh interpreters.
 from __future__ import annotations
 
 import os
+import selectors
 import signal
+import socket
 from pathlib import Path
 
 import pytest
 
+from opgate.validators import forkloop
 from opgate.validators.workerproc import Launcher, WorkerConfig, exit_description
 from tests.workers import wait_hello
 
@@ -179,3 +182,54 @@ def test_a_forked_worker_inherits_the_compile_keys_its_server_computed(kind: str
     assert done.returncode == 0, done.stderr[-2000:]
     # computed once before the fork (one miss; sm_80 and sm_90 ptxas), then only hits in the child (exit 0)
     assert done.stdout.strip().splitlines()[-1] == f"(1, {ptxas}) 0", done.stdout + done.stderr[-2000:]
+
+
+def _standby(pid: int, key: str, *, ready: bool) -> tuple[forkloop._Standby, socket.socket]:
+    """A standby's record in the server (its end of a real socket pair) and the standby's end.
+
+    ``pid`` only names the record: nothing here signals it.
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    return forkloop._Standby(pid=pid, sock=ours, key=key, ready=ready), theirs
+
+
+def test_a_run_takes_a_ready_standby_first_then_one_still_starting_never_another_environments() -> None:
+    """Back-to-back runs: the next asks before its standbys are ready; it must not fork beside them.
+
+    The request is queued in the starting standby's socket and the server closes
+    its end; the standby, once started, fails to say ready and reads the request
+    with its pipes all the same (``await_run``, what a real standby calls).
+    """
+    loop = forkloop._Loop.__new__(forkloop._Loop)  # the event loop's state, without its signal set-up
+    loop.sel = selectors.DefaultSelector()
+    starting, starting_end = _standby(1, "cuda|gpu0", ready=False)
+    ready, ready_end = _standby(2, "cuda|gpu0", ready=True)
+    other, other_end = _standby(3, "cuda|gpu1", ready=True)
+    loop.standby = {standby.pid: standby for standby in (starting, ready, other)}
+    for standby in loop.standby.values():
+        loop.sel.register(standby.sock, selectors.EVENT_READ, standby)
+    pipes = [os.pipe() for _ in range(3)]
+    fds: list[int] = []
+    try:
+        assert loop._take_standby("cuda|gpu0", b'{"n": 1}', [pipes[0][1]]) is ready
+        assert loop._take_standby("cuda|gpu0", b'{"n": 2}', [pipes[1][1]]) is starting
+        assert loop._take_standby("cuda|gpu0", b'{"n": 3}', [pipes[2][1]]) is None  # none left: a fork
+        assert list(loop.standby.values()) == [other]  # another GPU's standby is not this run's
+        assert ready.sock.fileno() == -1  # handed over, closed here
+        assert starting.sock.fileno() == -1
+
+        msg, fds = forkloop.await_run(starting_end)  # it finished starting after the run took it
+        assert msg == b'{"n": 2}'
+        os.write(fds[0], b"hello")  # the run's pipe, passed through the queued message
+        assert os.read(pipes[1][0], 5) == b"hello"
+        msg, more = forkloop.await_run(ready_end)
+        assert msg == b'{"n": 1}'
+        fds += more
+
+        other.sock.close()  # what the server does to a standby nobody takes: it reads EOF and ends
+        assert forkloop.await_run(other_end) == (b"", [])
+    finally:
+        for fd in [*fds, *(fd for pair in pipes for fd in pair)]:
+            os.close(fd)
+        for end in (starting_end, ready_end, other_end):
+            end.close()

@@ -13,7 +13,8 @@ workers as that run had at once, each of which makes its CUDA context while
 no run waits (:func:`worker.start_standby`), then blocks on a socket of its
 own.  The next run with the same environment gets one of them instead of a
 fresh fork for each lane's first worker: it takes cells at once instead of
-after ~0.8 s of context.  A worker for an isolated cell or a re-run is
+after ~0.8 s of context (a run that comes before they are ready takes them
+still starting: the request waits in their socket).  A worker for an isolated cell or a re-run is
 always a fresh fork.  A standby loads the op specs when a run takes it (they may have
 changed since), dies with the server, and is stopped when the server goes
 stale or idle.  ``OPGATE_STANDBY`` in the run's environment chooses which
@@ -307,10 +308,17 @@ class _Loop:
         os.close(self.wake[1])
 
     def _take_standby(self, key: str, msg: bytes, fds: Sequence[int]) -> _Standby | None:
-        """Hand the request to a ready standby with the same ``key``; None when there is none."""
-        for standby in list(self.standby.values()):
-            if not standby.ready or standby.key != key:
-                continue
+        """Hand the request to a standby with the same ``key``; None when there is none.
+
+        A ready one first; else one still making its CUDA context: it finished
+        part of that already, where a fresh fork starts from nothing, and a
+        fresh fork beside it makes two contexts at once (a run that starts
+        right after another found every standby starting and forked one
+        worker per lane beside them on the H200).  The request waits in the
+        standby's socket until it has started up (:func:`_become_standby`).
+        """
+        mine = [standby for standby in self.standby.values() if standby.key == key]
+        for standby in sorted(mine, key=lambda standby: not standby.ready):
             del self.standby[standby.pid]
             self.sel.unregister(standby.sock)
             try:
@@ -528,9 +536,8 @@ def _become_standby(asked: Mapping[str, Any], sock: socket.socket, pre: Preloade
             code = 3  # the device is not usable: no run should get this worker
             return
         startup_s = time.perf_counter() - t_start
-        sock.send(json.dumps({"ready": True}).encode())
         t_wait = time.perf_counter()
-        msg, fds, _, _ = socket.recv_fds(sock, MAX_MSG, 3)
+        msg, fds = await_run(sock)
         if not msg:
             code = 0
             return
@@ -547,6 +554,19 @@ def _become_standby(asked: Mapping[str, Any], sock: socket.socket, pre: Preloade
         traceback.print_exc()
     finally:
         worker.exit_now(code)
+
+
+def await_run(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """In a standby that has started up: say ready, then wait for a run's request and its pipes.
+
+    A run may have taken it while it was still starting (:meth:`_Loop._take_standby`):
+    the server queued the request and closed its end, so saying ready fails and the
+    request is read all the same.  ``b""``: the server dropped this standby.
+    """
+    with contextlib.suppress(OSError):
+        sock.send(json.dumps({"ready": True}).encode())
+    msg, fds, _, _ = socket.recv_fds(sock, MAX_MSG, 3)
+    return msg, fds
 
 
 def _send(sock: socket.socket, msg: Mapping[str, Any]) -> None:
