@@ -25,7 +25,10 @@ one-op and nothing N times (the fastest counts, all are kept).
 ``--keep-warm MIN`` passes ``--keep-warm MIN`` to every run, with a private
 server folder: cold starts the fork servers (and pays their imports), the
 later scenarios fork from them, as a developer's edit-run loop or a
-persistent GPU runner would; the servers are stopped at the end.
+persistent GPU runner would; the servers are stopped at the end.  ``--gap S``
+waits S seconds before each scenario after the first: back to back (the
+default, 0) a run finds the standby workers the last one left still making
+their CUDA contexts, where a pull request arriving later finds them ready.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ PROBE_FILE = "ops/rope/triton_impl.py"
 PROBE_ANCHOR = "    pid = tl.program_id(0)"
 PROBE_LINE = "    # opgate speed probe: this kernel's source changed\n"
 KEEP_RUNS = False
+GAP_S = 0.0
+_STARTED: list[str] = []  # the runs so far: each after the first waits GAP_S
 
 
 def _load() -> list[float]:
@@ -62,6 +67,9 @@ def _cpu_s() -> float:
 
 def _run(name: str, out: Path, args: list[str], env: dict[str, str]) -> dict[str, Any]:
     folder = out / "runs" / name
+    if _STARTED:
+        time.sleep(GAP_S)  # before each run after the first (module doc)
+    _STARTED.append(name)
     argv = [sys.executable, "-m", "opgate.reports.cli", "run", "--out", str(folder), "--no-progress", *args]
     load, cpu, t = _load(), _cpu_s(), time.monotonic()
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
@@ -183,6 +191,7 @@ def _summary(
     """What ``speed.json`` holds: the arguments, the probe, each scenario and every repeat."""
     return {
         "argv": run_args,
+        "gap_s": args.gap,
         "probe": f"{args.probe}: {PROBE_LINE.strip()}",
         "cpus": os.cpu_count(),
         "scenarios": records,
@@ -237,9 +246,10 @@ def main() -> int:
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- then more `opgate run` arguments")
     ap.add_argument("--keep-runs", action="store_true", help="keep every run's cells/, logs/ and work/")
     ap.add_argument("--keep-warm", type=float, metavar="MIN", help="runs reuse warm fork servers")
+    ap.add_argument("--gap", type=float, default=0.0, metavar="S", help="seconds between the scenarios")
     args = ap.parse_args()
-    global KEEP_RUNS
-    KEEP_RUNS = args.keep_runs
+    global KEEP_RUNS, GAP_S
+    KEEP_RUNS, GAP_S = args.keep_runs, args.gap
     out = args.out.resolve()
     caches = out / "cache"
     env = {
@@ -286,6 +296,8 @@ def main() -> int:
             "and paid their imports, the later runs forked from them.  CPU is the run's own process "
             "tree: workers forked by a warm server are not in it."
         )
+    if args.gap:
+        lines.append(f"Each run after the first started {args.gap:g} s after the one before ended (--gap).")
     (out / "speed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r["rc"] in (0, 1) for r in records) else 1
