@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from opgate.validators.checks import torchlog
 from opgate.validators.result import CheckResult, Verdict
 
 if TYPE_CHECKING:
@@ -148,9 +149,21 @@ def run_check(check: Check, ctx: CellContext) -> CheckResult:
 
 
 def with_hints(result: CheckResult) -> CheckResult:
-    """A failed or crashed check whose cause opgate can name gets the fix in its summary."""
-    if result.status in (Verdict.FAIL, Verdict.ERROR) and NO_BACKWARD_HINT not in result.summary:
+    """A failed or crashed check whose cause opgate can name gets the fix in its summary.
+
+    It also carries what torch warned while the cell ran (:mod:`torchlog`): the cause of
+    an Inductor crash can be in a warning logged by an earlier check's compile.
+    """
+    if result.status not in (Verdict.FAIL, Verdict.ERROR):
+        return result
+    if NO_BACKWARD_HINT not in result.summary:
         text = f"{result.summary} {result.details.get('message', '')}"
         if any(m in text for m in NO_BACKWARD_MESSAGES):
             result.summary = f"{result.summary} ({NO_BACKWARD_HINT})"
+    lines = torchlog.logged()
+    if lines:
+        result.details.setdefault("torch_logged", lines)
+        found = torchlog.hint(lines)
+        if found is not None and found not in result.summary:
+            result.summary = f"{result.summary} ({found})"
     return result

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from opgate.matrix.modes import MODES
 from opgate.matrix.modes import mode as mode_of
+from opgate.validators.checks import torchlog
 from opgate.validators.interpreted_triton_op import support_triton_ops
 from opgate.validators.interpreter import round_bf16_to_nearest
 from opgate.validators.result import CheckResult, Verdict
@@ -245,7 +246,7 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     built_before = _built_s()
-    with fresh_compiler_state(device == "cpu"), poisoned_allocations():
+    with fresh_compiler_state(device == "cpu"), poisoned_allocations(), torchlog.collecting():
         try:
             ctx = build_context(cell, spec, device, seed, workdir)
             ctx.inputs()  # layouts are generated (and verified) before any check runs
