@@ -12,8 +12,11 @@ import logging
 
 import pytest
 import torch
-import triton
-import triton.language as tl
+
+import tests.zoo.harness  # noqa: F401 - TRITON_INTERPRET before triton is imported, as in a CPU worker
+
+import triton  # isort: skip - after the harness
+import triton.language as tl  # isort: skip
 
 from opgate.validators.checks import torchlog
 from opgate.validators.checks.base import Check, always, run_check
@@ -128,3 +131,23 @@ def test_repeated_warnings_are_kept_once_and_bounded() -> None:
             logging.getLogger("torch._dynamo").warning("recompiled %d", 0)
     assert len(lines) == torchlog.MAX_KEPT
     assert len(set(lines)) == len(lines)
+
+
+def test_inductors_cudagraph_skip_reaches_an_attached_handler_not_one_on_torch_alone() -> None:
+    """The cudagraphs check lists why Inductor skipped graphs: its logger stops short of ``torch``."""
+    from torch._inductor.cudagraph_utils import cudagraphs_log
+
+    from opgate.validators.checks.cudagraphs import _Collect
+
+    message = "skipping cudagraphs due to mutated inputs (1 instances)"
+    on_torch, attached = _Collect(), _Collect()
+    logging.getLogger("torch").addHandler(on_torch)
+    try:
+        with torchlog.attached(attached):
+            cudagraphs_log.warning(message)
+    finally:
+        logging.getLogger("torch").removeHandler(on_torch)
+    assert on_torch.messages == []  # what the check saw before: nothing
+    assert attached.messages == [message]
+    cudagraphs_log.warning("after the block")
+    assert attached.messages == [message]  # detached when the block ends

@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from opgate.ops.base import SampleInput
+from opgate.validators.checks import torchlog
 from opgate.validators.checks.artifacts import ArtifactError, CudaGraphed
 from opgate.validators.checks.base import Check, describe_exception
 from opgate.validators.checks.context import CellContext
@@ -68,19 +69,16 @@ def run(ctx: CellContext) -> CheckResult:
     artifact = ctx.artifact
     assert isinstance(artifact, CudaGraphed)
     handler = _Collect()
-    logger = logging.getLogger("torch")
-    logger.addHandler(handler)
     before = skips()
     runtime_errors: list[str] = []
     try:
-        for shape, sample in zip(ctx.shapes, ctx.inputs(), strict=True):
-            error = _replay(artifact, sample)
-            if error:
-                runtime_errors.append(f"shape {list(shape)}: {error}")
+        with torchlog.attached(handler):  # Inductor's loggers do not propagate to "torch"
+            for shape, sample in zip(ctx.shapes, ctx.inputs(), strict=True):
+                error = _replay(artifact, sample)
+                if error:
+                    runtime_errors.append(f"shape {list(shape)}: {error}")
     except ArtifactError as exc:
         return CheckResult(NAME, Verdict.FAIL, f"reduce-overhead compile failed: {exc}")
-    finally:
-        logger.removeHandler(handler)
     n = skips() - before
     details: dict[str, Any] = {
         "cudagraph_skips": n,

@@ -64,14 +64,15 @@ class _Collect(logging.Handler):
 _ACTIVE: list[_Collect] = []
 
 
-def _torch_loggers() -> list[logging.Logger]:
+def torch_loggers() -> list[logging.Logger]:
     """``torch`` and every torch logger that does not pass its records up to it.
 
     torch's logging setup gives its component loggers (``torch._dynamo``,
     ``torch._inductor``, ``torch._higher_order_ops`` ...) handlers of their own
     and ``propagate = False``: a handler on ``torch`` alone never sees their
-    records.  A record stops at the first such logger on its way up, so one
-    handler on each sees every record once.
+    records (Inductor's "skipping cudagraphs due to ..." among them).  A record
+    stops at the first such logger on its way up, so one handler on each sees
+    every record once.
     """
     loggers = [logging.getLogger("torch")]
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
@@ -81,19 +82,28 @@ def _torch_loggers() -> list[logging.Logger]:
 
 
 @contextlib.contextmanager
+def attached(handler: logging.Handler) -> Iterator[None]:
+    """``handler`` sees what every torch logger logs while the block runs (:func:`torch_loggers`)."""
+    loggers = torch_loggers()
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+@contextlib.contextmanager
 def collecting() -> Iterator[list[str]]:
     """Collect what torch warns while the block runs (the lines, as they come)."""
     handler = _Collect()
-    loggers = _torch_loggers()
-    for logger in loggers:
-        logger.addHandler(handler)
     _ACTIVE.append(handler)
     try:
-        yield handler.lines
+        with attached(handler):
+            yield handler.lines
     finally:
         _ACTIVE.remove(handler)
-        for logger in loggers:
-            logger.removeHandler(handler)
 
 
 def logged() -> list[str]:
