@@ -16,14 +16,40 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.zoo_cases import CASES
+
+#: Cases torch itself decides on a GPU: (op, mode, torch version prefix) -> (the verdict, what its
+#: reason must say, the evidence that the failure is torch's without opgate).  A cell that matches
+#: is reported as KNOWN, not wrong; one that stops matching (a torch that fixed it, another error)
+#: is a DIFFERS like any other, and the entry can go.
+TORCH_BUGS: dict[tuple[str, str, str], tuple[str, str, str]] = {
+    # a wrap_triton kernel's defaulted constexpr left out of the call (the zoo kernel's TWICE)
+    ("zoo_triton_op", "compile", "2.11."): (
+        "error",
+        "launcher() missing 1 required positional argument: '_grid_2'",
+        "results/runs/h200-triton-op-repro",
+    ),
+}
+
+
+def _torch_bug(got: dict[str, Any], torch_version: str) -> str | None:
+    """Where the evidence is, when ``got`` is a case torch decides in this run's torch (else None)."""
+    axes = got.get("axes") or {}
+    for (op, mode, prefix), (verdict, says, evidence) in TORCH_BUGS.items():
+        same_case = (axes.get("op"), axes.get("mode")) == (op, mode) and torch_version.startswith(prefix)
+        if same_case and got["verdict"] == verdict and says in got.get("reason", ""):
+            return evidence
+    return None
 
 
 def check(results: Path, expected: list[tuple[str, str, str | None]]) -> int:
     """Print each expected case the run got otherwise (or did not run); 1 if any."""
-    cells = {c["id"]: c for c in json.loads(results.read_text())["cells"]}
-    wrong = 0
+    run = json.loads(results.read_text())
+    cells = {c["id"]: c for c in run["cells"]}
+    torch_version = str((run.get("env") or {}).get("torch", ""))
+    wrong = known = 0
     for cell_id, verdict, check_name in expected:
         got = cells.get(cell_id)
         if got is None:
@@ -32,23 +58,36 @@ def check(results: Path, expected: list[tuple[str, str, str | None]]) -> int:
             continue
         statuses = {c["name"]: c["status"] for c in got.get("checks", [])}
         if got["verdict"] != verdict or (check_name and statuses.get(check_name) != verdict):
+            evidence = _torch_bug(got, torch_version)
+            if evidence is not None:
+                print(f"KNOWN {cell_id}: {got['verdict']} from torch {torch_version} itself ({evidence}): "
+                      f"{got.get('reason', '')[:200]}")  # fmt: skip
+                known += 1
+                continue
             print(f"DIFFERS {cell_id}: expected {verdict} ({check_name or '-'}), got {got['verdict']}: "
                   f"{got.get('reason', '')[:300]}")  # fmt: skip
             wrong += 1
-    print(f"zoo on GPU: {len(expected) - wrong}/{len(expected)} cases as expected")
+    tail = f" ({known} of them decided by torch itself: KNOWN)" if known else ""
+    print(f"zoo on GPU: {len(expected) - wrong}/{len(expected)} cases as expected{tail}")
     return 1 if wrong else 0
 
 
 def main(argv: list[str]) -> int:
     arch, cuda = argv[0], argv[1]
+    results = Path(argv[argv.index("--check") + 1]) if "--check" in argv else None
+    # a run checked here may come from another machine's torch (the ids carry its version)
+    ran = json.loads(results.read_text())["cells"] if results is not None else []
+    torch_version = next((c["axes"]["torch"] for c in ran if "torch" in c.get("axes", {})), None)
     expected = []
     for case in CASES:
         if case.device == "cpu":
             continue
         cell = dataclasses.replace(case.cell(), arch=arch, cuda=cuda)
+        if torch_version is not None:
+            cell = dataclasses.replace(cell, torch=torch_version)
         expected.append((cell.id, case.verdict, case.check))
-    if "--check" in argv:
-        return check(Path(argv[argv.index("--check") + 1]), expected)
+    if results is not None:
+        return check(results, expected)
     for cell_id, verdict, check_name in expected:
         print(f"{cell_id} {verdict} {check_name or '-'}" if "--expect" in argv else cell_id)
     return 0
