@@ -95,16 +95,28 @@ def test_the_reference_against_itself_is_on_par_and_against_a_slow_copy_faster()
 
 
 def test_the_best_baseline_is_the_one_judged_against() -> None:
-    """With a slow and a fast baseline, the op (= the fast one) is on par, not faster."""
+    """With a slow and a fast baseline, the op (= the fast one) is on par, not faster.
+
+    Against the fast baseline the op is an A/A pair on this shared host clock, which one
+    measurement in a few puts past the band (the op 16% under the same function, once):
+    three tries, as in the A/A test above.  Judged against the 3x slow baseline instead,
+    every try would be ``faster``.
+    """
     errors: list[str] = []
-    rows = worth_rows(
-        {"op": _call(rms_norm), "slow": _call(_thrice), "fast": _call(rms_norm)},
-        {SHAPE: _samples(SHAPE)},
-        host_timer,
-        errors=errors,
-    )
-    assert all(r["best"] == "fast" or r["baselines_us"]["fast"] <= r["baselines_us"]["slow"] for r in rows)
-    assert all(r["finding"] != FASTER for r in rows), rows
+    tries = []
+    for _ in range(3):
+        rows = worth_rows(
+            {"op": _call(rms_norm), "slow": _call(_thrice), "fast": _call(rms_norm)},
+            {SHAPE: _samples(SHAPE)},
+            host_timer,
+            errors=errors,
+        )
+        for r in rows:
+            assert r["best"] == "fast" or r["baselines_us"]["fast"] <= r["baselines_us"]["slow"], r
+        tries.append(rows)
+        if all(r["finding"] != FASTER for r in rows):
+            break
+    assert all(r["finding"] != FASTER for r in tries[-1]), tries
 
 
 def test_a_baseline_that_raises_is_recorded_and_left_out() -> None:
