@@ -133,21 +133,30 @@ def test_repeated_warnings_are_kept_once_and_bounded() -> None:
     assert len(set(lines)) == len(lines)
 
 
-def test_inductors_cudagraph_skip_reaches_an_attached_handler_not_one_on_torch_alone() -> None:
+def test_inductors_cudagraph_skip_reaches_the_collection_not_a_handler_on_torch_alone() -> None:
     """The cudagraphs check lists why Inductor skipped graphs: its logger stops short of ``torch``."""
     from torch._inductor.cudagraph_utils import cudagraphs_log
 
-    from opgate.validators.checks.cudagraphs import _Collect
-
     message = "skipping cudagraphs due to mutated inputs (1 instances)"
-    on_torch, attached = _Collect(), _Collect()
+    on_torch = _Lines()
     logging.getLogger("torch").addHandler(on_torch)
     try:
-        with torchlog.attached(attached):
+        with torchlog.collecting() as collected:
             cudagraphs_log.warning(message)
     finally:
         logging.getLogger("torch").removeHandler(on_torch)
     assert on_torch.messages == []  # what the check saw before: nothing
-    assert attached.messages == [message]
+    assert collected == [message]
     cudagraphs_log.warning("after the block")
-    assert attached.messages == [message]  # detached when the block ends
+    assert collected == [message]  # detached when the block ends
+
+
+class _Lines(logging.Handler):
+    """Every message a handler on one logger gets."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())

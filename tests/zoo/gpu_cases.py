@@ -34,9 +34,10 @@ TORCH_BUGS: dict[tuple[str, str, str], tuple[str, str, str]] = {
 }
 
 
-def _torch_bug(got: dict[str, Any], torch_version: str) -> str | None:
-    """Where the evidence is, when ``got`` is a case torch decides in this run's torch (else None)."""
+def _torch_bug(got: dict[str, Any]) -> str | None:
+    """Where the evidence is, when ``got`` is a case torch decides in its own torch (else None)."""
     axes = got.get("axes") or {}
+    torch_version = str(axes.get("torch", ""))
     for (op, mode, prefix), (verdict, says, evidence) in TORCH_BUGS.items():
         same_case = (axes.get("op"), axes.get("mode")) == (op, mode) and torch_version.startswith(prefix)
         if same_case and got["verdict"] == verdict and says in got.get("reason", ""):
@@ -46,9 +47,7 @@ def _torch_bug(got: dict[str, Any], torch_version: str) -> str | None:
 
 def check(results: Path, expected: list[tuple[str, str, str | None]]) -> int:
     """Print each expected case the run got otherwise (or did not run); 1 if any."""
-    run = json.loads(results.read_text())
-    cells = {c["id"]: c for c in run["cells"]}
-    torch_version = str((run.get("env") or {}).get("torch", ""))
+    cells = {c["id"]: c for c in json.loads(results.read_text())["cells"]}
     wrong = known = 0
     for cell_id, verdict, check_name in expected:
         got = cells.get(cell_id)
@@ -58,8 +57,9 @@ def check(results: Path, expected: list[tuple[str, str, str | None]]) -> int:
             continue
         statuses = {c["name"]: c["status"] for c in got.get("checks", [])}
         if got["verdict"] != verdict or (check_name and statuses.get(check_name) != verdict):
-            evidence = _torch_bug(got, torch_version)
+            evidence = _torch_bug(got)
             if evidence is not None:
+                torch_version = got["axes"]["torch"]
                 print(f"KNOWN {cell_id}: {got['verdict']} from torch {torch_version} itself ({evidence}): "
                       f"{got.get('reason', '')[:200]}")  # fmt: skip
                 known += 1

@@ -12,7 +12,6 @@ profiles a replay and reads the kernels of the captured graph.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from opgate.ops.base import SampleInput
@@ -30,17 +29,6 @@ def skips() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["inductor"]["cudagraph_skips"])
-
-
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = record.getMessage()
-        if "cudagraph" in msg.lower():
-            self.messages.append(msg.splitlines()[0][:300])
 
 
 def _replay(artifact: CudaGraphed, sample: SampleInput) -> str:
@@ -68,11 +56,10 @@ def applies(ctx: CellContext) -> str | None:
 def run(ctx: CellContext) -> CheckResult:
     artifact = ctx.artifact
     assert isinstance(artifact, CudaGraphed)
-    handler = _Collect()
     before = skips()
     runtime_errors: list[str] = []
     try:
-        with torchlog.attached(handler):  # Inductor's loggers do not propagate to "torch"
+        with torchlog.collecting() as logged:  # what torch warned while the graphs were made
             for shape, sample in zip(ctx.shapes, ctx.inputs(), strict=True):
                 error = _replay(artifact, sample)
                 if error:
@@ -82,7 +69,7 @@ def run(ctx: CellContext) -> CheckResult:
     n = skips() - before
     details: dict[str, Any] = {
         "cudagraph_skips": n,
-        "messages": handler.messages,
+        "messages": [line for line in logged if "cudagraph" in line.lower()],
         "runtime_errors": runtime_errors,
     }
     if n:

@@ -49,7 +49,7 @@ class _Collect(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = record.getMessage().strip().splitlines()[0] if record.getMessage().strip() else ""
+            line = (record.getMessage().strip().splitlines() or [""])[0]
             exc = record.exc_info[1] if record.exc_info else None
             if exc is not None:
                 first = (str(exc).strip().splitlines() or [""])[0]
@@ -64,7 +64,7 @@ class _Collect(logging.Handler):
 _ACTIVE: list[_Collect] = []
 
 
-def torch_loggers() -> list[logging.Logger]:
+def _torch_loggers() -> list[logging.Logger]:
     """``torch`` and every torch logger that does not pass its records up to it.
 
     torch's logging setup gives its component loggers (``torch._dynamo``,
@@ -82,28 +82,19 @@ def torch_loggers() -> list[logging.Logger]:
 
 
 @contextlib.contextmanager
-def attached(handler: logging.Handler) -> Iterator[None]:
-    """``handler`` sees what every torch logger logs while the block runs (:func:`torch_loggers`)."""
-    loggers = torch_loggers()
-    for logger in loggers:
-        logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.removeHandler(handler)
-
-
-@contextlib.contextmanager
 def collecting() -> Iterator[list[str]]:
     """Collect what torch warns while the block runs (the lines, as they come)."""
     handler = _Collect()
+    loggers = _torch_loggers()
+    for logger in loggers:
+        logger.addHandler(handler)
     _ACTIVE.append(handler)
     try:
-        with attached(handler):
-            yield handler.lines
+        yield handler.lines
     finally:
         _ACTIVE.remove(handler)
+        for logger in loggers:
+            logger.removeHandler(handler)
 
 
 def logged() -> list[str]:
