@@ -167,8 +167,11 @@ def op_closure(spec: Any) -> Closure:
     found.files[spec_path] = None
     for impl in spec.implementations.values():
         modules += [m for m in (impl.module, (impl.entry or "").split(":")[0]) if m]
-        for src in impl.sources or []:
-            folder = (spec_path.parent / src).parent
+        # its CUDA C++ sources, and those of the libraries its module builds at import: a change
+        # to either changes what the op's cells run
+        libraries = [src for lib in getattr(impl, "libraries", ()) for src in lib.sources]
+        for src in [*(impl.sources or []), *libraries]:
+            folder = (spec_path.parent / src).resolve().parent
             found.files.update(dict.fromkeys(source_files(folder, recursive=False, suffixes=CUDA_SUFFIXES)))
             found.files.update(
                 dict.fromkeys(source_files(SHARED_CUDA, recursive=False, suffixes=CUDA_SUFFIXES))

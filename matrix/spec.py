@@ -71,6 +71,21 @@ class Unsupported:
 
 
 @dataclass(frozen=True)
+class Library:
+    """A C++ library an implementation's module builds at import (e.g. a C++ launch path).
+
+    Declared so the run can build it once, early, on a build lane (the
+    implementation's ``build`` cells), instead of in the first GPU cell of every
+    worker at once: on the H200 five GPU lanes each waited 23 s for the one that
+    built it.  Built for the implementation's ``arch_policy``, the key its module
+    asks the builder for.
+    """
+
+    name: str
+    sources: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
 class ImplSpec:
     """One implementation; dtypes/layouts/modes/tolerance are already resolved against the op."""
 
@@ -93,6 +108,9 @@ class ImplSpec:
     #: an external implementation's binaries (``files``, ``distribution``, ``loaded``, ``triton``)
     binaries: dict[str, Any] = dataclasses.field(default_factory=dict)
     mutates: Mutates = Mutates()
+    #: C++ libraries the module builds through opgate's builder when it is imported on a GPU
+    #: (:class:`Library`): its build cells start them, its GPU cells wait for those cells
+    libraries: tuple[Library, ...] = ()
 
     @property
     def audits_binaries(self) -> bool:
@@ -198,6 +216,10 @@ def _impl(name: str, raw: dict[str, Any], op: dict[str, Any], spec_dir: Path) ->
         copies_allowed=int(raw.get("copies_allowed", op.get("copies_allowed", 0))),
         mode_evidence=modes,
         binaries=_binaries(raw),
+        libraries=tuple(
+            Library(str(lib["name"]), tuple(spec_dir / s for s in lib["sources"]))
+            for lib in raw.get("libraries", [])
+        ),
         mutates=Mutates(
             inputs=tuple(raw.get("mutates", {}).get("inputs", ())),
             grad_outputs=tuple(raw.get("mutates", {}).get("grad_outputs", ())),
@@ -236,6 +258,7 @@ def _impl_checks(
             problems.add(
                 line("sources"), f"implementations.{name}.sources: {src!r} not found next to the spec"
             )
+    _libraries_checks(name, raw, line, spec_dir, problems)
     for axis in ("dtypes", "layouts", "modes"):
         claimed, allowed = raw.get(axis), op.get(axis)
         if isinstance(claimed, list) and isinstance(allowed, list) and valid(claimed) and valid(allowed):
@@ -250,6 +273,33 @@ def _impl_checks(
     ev = raw.get("evidence")
     if valid(ev) and isinstance(ev, dict):
         evidence_checks(name, raw, op, ev, where=line("evidence"), problems=problems)
+
+
+def _libraries_checks(name: str, raw: dict[str, Any], line: Any, spec_dir: Path, problems: Problems) -> None:
+    """``libraries``: kinds that build with opgate's builder, sources that exist, one name each."""
+    libraries = raw.get("libraries")
+    if not (isinstance(libraries, list) and valid(libraries)):
+        return
+    kind = raw.get("kind")
+    if kind not in ("triton", "cuda"):
+        problems.add(
+            line("libraries"),
+            f"implementations.{name}.libraries: kind {kind} builds nothing with opgate",
+            "libraries are for triton and cuda implementations whose module builds C++ at import",
+        )
+    seen: set[str] = set()
+    for lib in libraries:
+        if not isinstance(lib, dict):
+            continue
+        if lib.get("name") in seen:
+            problems.add(line("libraries"), f"implementations.{name}.libraries: {lib['name']!r} twice")
+        seen.add(str(lib.get("name")))
+        for src in lib.get("sources") or []:
+            if isinstance(src, str) and not (spec_dir / src).is_file():
+                problems.add(
+                    line("libraries"),
+                    f"implementations.{name}.libraries.{lib.get('name')}: {src!r} not found next to the spec",
+                )
 
 
 def _binaries_checks(name: str, raw: dict[str, Any], line: Any, problems: Problems) -> None:

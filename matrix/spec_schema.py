@@ -55,6 +55,16 @@ IMPL_SCHEMA = Record(
             required=True,
         ),
         "sources": ListOf(Str("a path relative to the spec"), min_len=1),
+        "libraries": ListOf(
+            Record(
+                "library",
+                {
+                    "name": Field(Str("a library name", r"[A-Za-z_]\w*"), required=True),
+                    "sources": Field(ListOf(Str("a path relative to the spec"), min_len=1), required=True),
+                },
+            ),
+            min_len=1,
+        ),
         "arch_policy": Record(
             "arch policy", {"sass": ListOf(Enum(ARCHES[1:], "GPU arch"), unique=True), "ptx": Bool()}
         ),

@@ -61,6 +61,7 @@ def test_opgate_cuda_ops_build_their_specs_sources_and_arches(
 def test_changing_the_spec_changes_the_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     folder = tmp_path / "rms_norm"
     shutil.copytree(OPS_DIR / "rms_norm", folder)
+    shutil.copytree(OPS_DIR / "_replay", tmp_path / "_replay")  # the library its triton impl declares
     spec = folder / "spec.yaml"
     text = spec.read_text()
     assert text.count("arch_policy: {sass: [sm_80, sm_90], ptx: false}") == 2
@@ -109,3 +110,70 @@ def test_without_the_harness_a_cuda_op_says_how_it_is_built() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert "refused: no opgate builder is installed" in out.stdout
+
+
+def test_a_build_cell_builds_the_library_its_module_asks_for_at_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Triton ops' declared library has the key the launch replay loads: built once, found later."""
+    from opgate.ops import _replay
+    from opgate.validators.checks import build as build_check
+
+    asked: list[tuple[Any, ...]] = []
+
+    def recorded_build(name: str, sources: Any, sass: Any, ptx: bool, toolchain: Any, **kw: Any) -> Any:
+        asked.append((name, [Path(s).resolve() for s in sources], list(sass), ptx, kw))
+        return _cuda_build.BuiltExtension(name, Path("/lib.so"), Path("/d"), {}, False, 1.5, Path("/log"))
+
+    monkeypatch.setattr(_cuda_build, "build", recorded_build)
+    monkeypatch.setattr(_cuda_build, "default_toolchain", lambda **_: "toolchain")
+    rope = load_specs([OPS_DIR])["rope"].implementations["triton"]
+    found = build_check._libraries(rope)
+    assert found == [{"name": "opgate_replay", "state": "built in 1.5 s", "library": "/lib.so"}]
+    name, sources, sass, ptx, kw = asked[0]
+    assert (name, sources, sass, ptx) == (_replay.LIBRARY_NAME, [_replay.SOURCE], list(_replay.ARCHES), False)
+    assert kw == {"wait": False}  # a build under way elsewhere is left to it
+
+
+def test_a_library_being_built_elsewhere_is_left_to_it_and_a_failed_one_fails_the_cell(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opgate.validators.checks import CellOutcome
+    from opgate.validators.checks import build as build_check
+    from opgate.validators.result import CheckResult, Verdict
+
+    monkeypatch.setattr(_cuda_build, "default_toolchain", lambda **_: "toolchain")
+    rope = load_specs([OPS_DIR])["rope"].implementations["triton"]
+
+    def busy(*_: Any, **__: Any) -> Any:
+        raise _cuda_build.BuildBusy("held")
+
+    monkeypatch.setattr(_cuda_build, "build", busy)
+    assert build_check._libraries(rope) == [
+        {"name": "opgate_replay", "state": "being built by another process"}
+    ]
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise _cuda_build.CudaBuildError("replay.cpp:1: error: expected ';'")
+
+    monkeypatch.setattr(_cuda_build, "build", broken)
+    libraries = build_check._libraries(rope)
+    passed = CellOutcome([CheckResult("build", Verdict.PASS, "3 kernel builds hold sm_90 SASS")])
+    failed = build_check._with_libraries(passed, libraries)
+    assert failed.checks[0].status is Verdict.FAIL
+    assert failed.checks[0].summary.startswith("library opgate_replay failed to build")
+    assert "expected ';'" in failed.checks[0].details["libraries"][0]["log"]
+
+
+def test_without_a_cuda_torch_the_library_is_not_built_and_the_cell_stands(tmp_path: Path) -> None:
+    """This machine's CPU torch: the declared library is reported unbuilt, nothing fails."""
+    import torch
+
+    from opgate.validators.checks import build as build_check
+
+    rope = load_specs([OPS_DIR])["rope"].implementations["triton"]
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA torch builds the library")
+    (entry,) = build_check._libraries(rope)
+    assert entry["name"] == "opgate_replay"
+    assert entry["state"].startswith("not built: torch")

@@ -160,6 +160,59 @@ def test_a_set_up_that_waited_for_nvcc_counts_as_build_not_harness() -> None:
     assert b["harness_parts_s"]["cell set-up outside checks"] == 1.1
 
 
+def test_waiting_on_another_lanes_build_or_compile_is_harness_not_work() -> None:
+    """A lane blocked on a lock while another lane builds did nothing: its wait is not build work."""
+    waited = {
+        **_cell("a", {"compile": 4.0, "correctness": 1.0, "evidence": 0.5}, 6.0),
+        "setup_build_s": 0.1,
+        "setup_wait_s": 0.3,
+    }
+    waited["checks"][0]["waited_s"] = 1.5  # type: ignore[index] # of the compile check's 4.0 s
+    b = breakdown([waited, *CELLS[1:]], RUN)
+    plain = breakdown([{**CELLS[0], "setup_build_s": 0.1}, *CELLS[1:]], RUN)
+    assert b["work_s"]["build"] == plain["work_s"]["build"] == 8.1  # the set-up's own nvcc only
+    assert b["work_s"]["compile"] == plain["work_s"]["compile"] - 1.5
+    assert b["harness_s"] == plain["harness_s"] + 1.5
+    assert b["harness_parts_s"]["waiting on another lane's build or compile"] == 1.8
+    assert b["harness_parts_s"]["cell set-up outside checks"] == 1.1  # 0.5 of a's 6.0 s, 0.5 + 0.1
+    assert plain["harness_parts_s"]["waiting on another lane's build or compile"] == 0.0
+    parts = b["harness_parts_s"]
+    named = sum(
+        parts[k] for k in ("cell set-up outside checks", "waiting on another lane's build or compile")
+    )
+    idle = parts["lanes idle before their first worker was ready"] + parts["lanes idle after it"]
+    assert round(named + idle, 2) == b["harness_s"]  # every harness second is in one part
+    assert "waiting on another lane's build or compile" in format_breakdown(b)
+
+
+def test_a_build_lock_wait_is_timed_apart_from_the_build(tmp_path: Path) -> None:
+    """cuda_build's lock: blocked time goes to BUILD_WAIT_SECONDS; ``wait=False`` refuses instead.
+
+    ``flock`` locks belong to an open file, so a second open of the lock file in this
+    process contends like another worker's.
+    """
+    import fcntl
+    import threading
+    import time
+
+    from opgate.validators import cuda_build
+
+    lock_path = tmp_path / ".lock"
+    with lock_path.open("w") as other, lock_path.open("w") as lock:
+        fcntl.flock(other, fcntl.LOCK_EX)  # another process is building this key
+        with pytest.raises(cuda_build.BuildBusy):
+            cuda_build._lock(lock, [0.0], wait=False)
+        threading.Timer(0.4, fcntl.flock, (other, fcntl.LOCK_UN)).start()  # its build ends
+        waited = [0.0]
+        t0 = time.monotonic()
+        cuda_build._lock(lock, waited, wait=True)
+        assert 0.3 <= waited[0] <= time.monotonic() - t0
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        free = [0.0]
+        cuda_build._lock(lock, free, wait=False)  # nobody holds it: taken at once
+        assert free == [0.0]
+
+
 def test_the_set_up_build_time_travels_from_the_worker_to_results_json() -> None:
     from opgate.validators.attempts import AttemptView
     from opgate.validators.checks import CellOutcome
@@ -167,12 +220,23 @@ def test_the_set_up_build_time_travels_from_the_worker_to_results_json() -> None
     from opgate.validators.result import CellResult, CheckResult, Verdict
     from opgate.validators.worker import outcome_json
 
-    wire = outcome_json(CellOutcome([CheckResult("correctness", Verdict.PASS, "ok")], setup_build_s=12.5))
+    outcome = CellOutcome(
+        [CheckResult("correctness", Verdict.PASS, "ok")], setup_build_s=12.5, setup_wait_s=3.25
+    )
+    wire = outcome_json(outcome)
     cell = Cell("rms_norm", "cuda", "2.11.0", "13.0", "sm_90", "fp32", "contiguous", "cudagraphs")
     view = AttemptView.of(Attempt(wire, 14.0))
-    assert view.setup_build_s == 12.5
-    record = CellResult(cell, Verdict.PASS, {}, duration_s=14.0, setup_build_s=view.setup_build_s)
+    assert (view.setup_build_s, view.setup_wait_s) == (12.5, 3.25)
+    record = CellResult(
+        cell,
+        Verdict.PASS,
+        {},
+        duration_s=14.0,
+        setup_build_s=view.setup_build_s,
+        setup_wait_s=view.setup_wait_s,
+    )
     back = CellResult.from_json(json.loads(json.dumps(record.to_json())))
-    assert back.setup_build_s == 12.5
+    assert (back.setup_build_s, back.setup_wait_s) == (12.5, 3.25)
     plain = CellResult(cell, Verdict.PASS, {}).to_json()
     assert "setup_build_s" not in plain  # no build in set-up: the record stays as it was
+    assert "setup_wait_s" not in plain

@@ -178,3 +178,7 @@ def test_op_digest_follows_the_imports_of_the_specs_references() -> None:
     assert "ops/_cuda/common.cuh" in rel["rms_norm"]  # the CUDA implementation's shared header
     assert "ops/rms_norm/cuda/rms_norm_kernels.cu" in rel["rms_norm"]
     assert not any(f.startswith("ops/rms_norm/") for f in rel["rope"])
+    # the launch-replay library the Triton ops build at import (spec ``libraries``): a change to
+    # its C++ changes what their cells run; the ops that declare none do not depend on it
+    assert "ops/_replay/replay.cpp" in rel["rope"]
+    assert "ops/_replay/replay.cpp" not in rel["sdpa"]

@@ -156,3 +156,102 @@ def test_idle_lanes_stop_their_workers_early_and_shutdown_waits_on_none(tmp_path
     assert short_worker.end == "lane idle: nothing left to run"  # retired while the long cell ran
     assert pool.shutdown_s < 1.0
     assert all(w.proc.returncode is not None for w in pool.workers)
+
+
+def _spec(impls: dict[str, Any]) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(implementations=impls)
+
+
+def test_gpu_cells_start_after_the_builds_of_what_they_load(tmp_path: Path) -> None:
+    """A CUDA C++ impl's GPU cells wait for its build cells; a declared library, for every builder of it."""
+    from types import SimpleNamespace
+
+    from opgate.matrix.spec import Library
+    from opgate.validators.schedule import prerequisites
+
+    replay = Library("replay", (tmp_path / "replay.cpp",))
+    specs = {
+        "a": _spec({"impl": SimpleNamespace(kind="triton", libraries=(replay,))}),
+        "b": _spec({"impl": SimpleNamespace(kind="triton", libraries=(replay,))}),
+        "c": _spec({"impl": SimpleNamespace(kind="cuda", libraries=(), sources=())}),
+        "d": _spec({"impl": SimpleNamespace(kind="triton", libraries=())}),
+    }
+
+    def task(op: str, mode: str, kind: str) -> Task:
+        return Task(cell(mode, op=op), kind, "sm_90", 1, 60.0, tmp_path, tmp_path)
+
+    tasks = [task(op, "build", "build") for op in "abcd"] + [task(op, "eager", "cuda") for op in "abcd"]
+    after = prerequisites(tasks, specs)
+    build = {t.cell.op: t.cell.id for t in tasks if t.kind == "build"}
+    gpu = {t.cell.op: t.cell.id for t in tasks if t.kind == "cuda"}
+    assert after[gpu["a"]] == after[gpu["b"]] == {build["a"], build["b"]}  # either may build replay
+    assert after[gpu["c"]] == {build["c"]}
+    assert gpu["d"] not in after  # a plain Triton op loads nothing built
+    only_gpu = [t for t in tasks if t.kind == "cuda"]  # builds cached: nothing to wait for
+    assert prerequisites(only_gpu, specs) == {}
+    # what the build cache holds already is waited for by nobody (a warm run, a one-op change)
+    in_cache = prerequisites(tasks, specs, lambda name, *_: name == "replay")
+    assert in_cache == {gpu["c"]: frozenset({build["c"]})}
+
+
+def test_a_library_looks_built_when_the_cache_holds_its_key(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The planner's look, without torch: name, sources, arches and torch must all match."""
+    from opgate.validators import cuda_build
+
+    src = tmp_path / "lib" / "launch.cpp"
+    src.parent.mkdir()
+    src.write_text("int f() { return 1; }\n")
+    monkeypatch.setenv("OPGATE_BUILD_CACHE", str(tmp_path / "builds"))
+    args = ("launch", [src], ["sm_80", "sm_90"], False)
+    assert not cuda_build.looks_built(*args, "2.11.0+cu130")  # an empty cache
+    key = {"name": "launch", "torch": "2.11.0+cu130", "nvcc": "13.0", "arch_list": "8.0;9.0"}
+    key["sources"] = cuda_build.source_hash([src])
+    marker = tmp_path / "builds" / "launch-pt2.11.0-cu13.0-80_90-abc" / cuda_build.MARKER
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"key": key, "library": "x.so"}))
+    assert cuda_build.looks_built(*args, "2.11.0+cu130")
+    assert not cuda_build.looks_built(*args, "2.13.0")  # built for another torch
+    assert not cuda_build.looks_built("launch", [src], ["sm_90"], False, "2.11.0+cu130")  # other arches
+    src.write_text("int f() { return 2; }\n")
+    assert not cuda_build.looks_built(*args, "2.11.0+cu130")  # the source changed since
+    marker.write_text("{torn")
+    assert not cuda_build.looks_built(*args, None)
+
+
+@pytest.mark.integration
+def test_a_lane_runs_other_cells_while_a_build_it_needs_is_under_way(tmp_path: Path) -> None:
+    """One GPU lane: the cell waiting for a build goes after a cell that can run now, not before."""
+    gpus = [Gpu(0, "NVIDIA H200", "9.0")]
+
+    def build_task(shapes: str, op: str) -> Task:
+        c = cell("build", shapes=shapes, op=op)
+        return Task(c, "build", "sm_90", 1, 60.0, tmp_path / f"{c.id}.log", tmp_path / c.id)
+
+    build = build_task("sleep0.6", "x")
+    needs = gpu_task(tmp_path, 0.05, 1)
+    free = gpu_task(tmp_path, 0.05, 2)
+    pool = Pool(WorkerConfig(logs=tmp_path / "workers", module=FAKE), host_lanes=1, gpus=gpus, gpu_workers=1)
+    done: dict[str, float] = {}
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        done[t.cell.id] = time.monotonic()
+        return []
+
+    pool.run([needs, free, build], on_done, after={needs.cell.id: frozenset({build.cell.id})})
+    assert done[free.cell.id] < done[needs.cell.id]  # the lane ran the free cell first...
+    assert done[build.cell.id] < done[needs.cell.id]  # ...and the other only once the build was done
+    # a build cell that says its libraries are built lets them start while it goes on
+    done.clear()
+    early = build_task("built0.8", "y")
+    pool = Pool(WorkerConfig(logs=tmp_path / "workers1", module=FAKE), host_lanes=1, gpus=gpus, gpu_workers=1)
+    pool.run([needs, early], on_done, after={needs.cell.id: frozenset({early.cell.id})})
+    assert done[needs.cell.id] < done[early.cell.id]
+    # without the prerequisite the lane keeps the given order
+    done.clear()
+    pool = Pool(WorkerConfig(logs=tmp_path / "workers2", module=FAKE), host_lanes=1, gpus=gpus, gpu_workers=1)
+    pool.run([needs, free, build], on_done)
+    assert done[needs.cell.id] < done[free.cell.id]

@@ -355,3 +355,31 @@ def test_evidence_patterns_may_hold_spaces_and_n_is_a_symbol(tmp_path: Path) -> 
     assert matches("kDequantizeBlockwise<float, 8, 0>", rule.expect[0])
     assert matches("cutlass_gemv_kernel", rule.expect[0])
     assert not matches("kDequantizeBlockwise<float, 4, 0>", rule.expect[0])
+
+
+def test_declared_libraries(tmp_path: Path) -> None:
+    """``libraries``: what a module builds at import, resolved next to the spec; mistakes at file:line."""
+    good = "    qualname: toyns::toy\n    libraries: [{name: toy_launch, sources: [toy.cu]}]\n"
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(TOY.read_text().replace("    qualname: toyns::toy\n", good, 1))
+    shutil.copy(OPS / "toy" / "toy.cu", tmp_path / "toy.cu")
+    tri = load_spec(spec_file, OPS).implementations["tri"]
+    assert [(lib.name, lib.sources) for lib in tri.libraries] == [("toy_launch", (tmp_path / "toy.cu",))]
+    assert load_spec(TOY, OPS).implementations["tri"].libraries == ()
+
+    missing = spec_errors(tmp_path, "    qualname: toyns::toy\n", good.replace("[toy.cu]", "[gone.cpp]"))
+    assert [e.problem for e in missing] == [
+        "implementations.tri.libraries.toy_launch: 'gone.cpp' not found next to the spec"
+    ]
+    assert missing[0].where is not None
+    assert missing[0].where.line == line_with(tmp_path, "libraries:")
+    twice = "    libraries: [{name: a, sources: [toy.cu]}, {name: a, sources: [toy.cu]}]\n"
+    errs = spec_errors(tmp_path, "    qualname: toyns::toy\n", "    qualname: toyns::toy\n" + twice)
+    assert any("'a' twice" in e.problem for e in errs)
+    external = "    requires: [toy-dist]\n    libraries: [{name: a, sources: [toy.cu]}]\n"
+    errs = spec_errors(tmp_path, "    requires: [toy-dist]\n", external)
+    assert any("kind external builds nothing with opgate" in e.problem for e in errs)
+    errs = spec_errors(
+        tmp_path, "    qualname: toyns::toy\n", "    qualname: toyns::toy\n    libraries: [{name: a}]\n"
+    )
+    assert any("sources" in e.problem for e in errs), [e.problem for e in errs]

@@ -38,6 +38,7 @@ class AttemptView:
     retryable: bool = True
     external: bool = False
     setup_build_s: float = 0.0  # of duration_s: the set-up's CUDA build (CellOutcome.setup_build_s)
+    setup_wait_s: float = 0.0  # of duration_s: the set-up blocked on another process's build
 
     @classmethod
     def of(cls, attempt: Attempt) -> AttemptView:
@@ -65,6 +66,7 @@ class AttemptView:
             retryable=retryable,
             external=attempt.external,
             setup_build_s=float(out.get("setup_build_s") or 0.0),
+            setup_wait_s=float(out.get("setup_wait_s") or 0.0),
         )
 
     def summary(self) -> str:

@@ -9,6 +9,13 @@ cell's set-up (inputs, the float64 oracle, resets), scheduling, and lanes idle
 while the last cells finish.  That share is the figure to keep small: it is
 the part no faster kernel or warmer cache will shrink.
 
+A lane blocked while another lane builds the library or compiles the Triton
+kernel its cell needs (both are built once, behind a lock) did no work either:
+the checks and set-ups record those waits (``waited_s``, ``setup_wait_s``) and
+they count as the harness's, not as build or compile work.  Counted as build
+work, one cold H200 run's five GPU lanes waiting 23 s each for the one library a
+sixth was building made the harness look 11% of the run.
+
 Each op's cell time (``by_op_s``) bounds what re-validating a change to that
 op can cost at best: its cells' lane-seconds spread over the lanes.  An op
 with a tenth of the matrix's cell time cannot be re-validated 10x faster than
@@ -67,17 +74,23 @@ def breakdown(
     cached = set(run.get("cached_cells") or [])
     ran = [c for c in cells if c.get("id") not in cached and c.get("checks")]
     per: dict[str, float] = dict.fromkeys(ORDER, 0.0)
-    cell_s = 0.0
+    cell_s = accounted = waits = 0.0
     by_op: dict[str, float] = {}
     for cell in ran:
         secs = float(cell.get("duration_s") or 0.0)
         cell_s += secs
         op = _op(cell)
         by_op[op] = by_op.get(op, 0.0) + secs
-        per["build"] += float(cell.get("setup_build_s") or 0.0)  # the set-up's wait for nvcc
+        per["build"] += float(cell.get("setup_build_s") or 0.0)  # the set-up's own nvcc
+        setup_wait = float(cell.get("setup_wait_s") or 0.0)  # blocked on another process's nvcc
+        waits += setup_wait
+        accounted += float(cell.get("setup_build_s") or 0.0) + setup_wait
         for check in cell.get("checks") or []:
-            per[category(str(check.get("name")))] += float(check.get("duration_s") or 0.0)
-    cell_work = sum(per.values())
+            secs = float(check.get("duration_s") or 0.0)
+            waited = min(float(check.get("waited_s") or 0.0), secs)  # on another worker's compile
+            per[category(str(check.get("name")))] += secs - waited
+            waits += waited
+            accounted += secs
     controls_ran = [c for c in controls if c.get("id") not in cached]
     for control in controls_ran:  # a control's own set-up is part of it, as it occupies the lane
         per["controls"] += float(control.get("duration_s") or 0.0)
@@ -111,7 +124,10 @@ def breakdown(
         "harness_parts_s": {
             "fork-server imports (summed, in parallel)": round(preload, 2),
             "worker start-up (summed, partly hidden)": round(startup, 2),
-            "cell set-up outside checks": round(max(cell_s - cell_work, 0.0), 2),
+            "cell set-up outside checks": round(max(cell_s - accounted, 0.0), 2),
+            # a lane blocked while another lane builds or compiles what its cell needs (each
+            # library and kernel is built once: cuda_build's and tritoncache's locks)
+            "waiting on another lane's build or compile": round(waits, 2),
             "lanes idle before their first worker was ready": round(before_first, 2),
             "lanes idle after it": round(idle - before_first, 2),
         },

@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import IO
 
 from opgate import ops
 from opgate.ops import _extension
@@ -167,10 +168,17 @@ def _cached(build_dir: Path, key: dict[str, str]) -> Path | None:
     return lib
 
 
-#: Seconds this process has spent in :func:`build` (its own nvcc, or waiting on the lock while
-#: another cell's nvcc builds the same key): a cell's set-up reads the difference, so the run
-#: breakdown counts that wait as build work, not as the harness's set-up.
+#: Seconds this process has spent in :func:`build`: its own nvcc and cache look-ups
+#: (``BUILD_SECONDS``), and blocked on a key's lock while another process's nvcc built it
+#: (``BUILD_WAIT_SECONDS``).  A cell's set-up reads the differences: the run breakdown counts
+#: the first as build work and the wait as the harness's (a lane that waits builds nothing:
+#: on the H200 five GPU lanes once waited 23 s each for one library one lane was building).
 BUILD_SECONDS = [0.0]
+BUILD_WAIT_SECONDS = [0.0]
+
+
+class BuildBusy(Exception):
+    """``build(wait=False)``: another process holds this key's lock (it is building it now)."""
 
 
 def build(
@@ -182,11 +190,15 @@ def build(
     *,
     root: Path | None = None,
     timeout_s: float = 1800,
+    wait: bool = True,
 ) -> BuiltExtension:
     """Build (or reuse) extension ``name`` from ``sources`` for the arch policy with ``toolchain``.
 
     Raises :class:`CudaBuildUnsupported` (CPU-only torch, CUDA major mismatch)
     before compiling anything, :class:`CudaBuildError` when compilation fails.
+    ``wait=False``: raise :class:`BuildBusy` instead of waiting while another
+    process builds the same key (a build cell that only starts a shared
+    library early has nothing to add to a build under way).
     """
     problem = torch_cuda_problem(toolchain)
     if problem:
@@ -196,10 +208,25 @@ def build(
     build_dir = (root or cache_root()) / _key_dir(key)
     build_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
+    waited = [0.0]
     try:
-        return _build_locked(name, sources, build_dir, key, toolchain, timeout_s, start)
+        return _build_locked(name, sources, build_dir, key, toolchain, timeout_s, start, waited, wait)
     finally:
-        BUILD_SECONDS[0] += time.monotonic() - start
+        BUILD_WAIT_SECONDS[0] += waited[0]
+        BUILD_SECONDS[0] += time.monotonic() - start - waited[0]
+
+
+def _lock(lock: IO[str], waited: list[float], wait: bool) -> None:
+    """Take the key's lock; ``waited`` gets the seconds spent blocked on another process's build."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        if not wait:
+            raise BuildBusy(f"{lock.name}: another process is building this key") from None
+    t = time.monotonic()
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    waited[0] = time.monotonic() - t
 
 
 def _build_locked(  # noqa: PLR0917 - build()'s own state, split off to time it whole
@@ -210,10 +237,12 @@ def _build_locked(  # noqa: PLR0917 - build()'s own state, split off to time it 
     toolchain: Toolchain,
     timeout_s: float,
     start: float,
+    waited: list[float],
+    wait: bool,
 ) -> BuiltExtension:
     log = build_dir / "build.log"
     with (build_dir / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock(lock, waited, wait)
         lib = _cached(build_dir, key)
         if lib is not None:
             return BuiltExtension(name, lib, build_dir, key, True, time.monotonic() - start, log)
@@ -241,6 +270,33 @@ def _build_locked(  # noqa: PLR0917 - build()'s own state, split off to time it 
         marker = {"key": key, "library": str(lib), "sha256": _sha256(lib), "build_s": round(seconds, 2)}
         (build_dir / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         return BuiltExtension(name, lib, build_dir, key, False, seconds, log)
+
+
+def looks_built(
+    name: str, sources: Sequence[Path], sass: Sequence[str], ptx: bool, torch: str | None
+) -> bool:
+    """Whether a finished build of this library for ``torch`` is in the cache, looked at without torch.
+
+    The run's planner asks it (it imports no torch): a GPU cell need not wait
+    for a build cell whose library is already built.  It matches the name,
+    the sources' hash, the arch list and torch's version; the nvcc release and
+    Python are not known here, so a match is likely, not certain (a wrong
+    "built" costs a lock wait, counted as such; a wrong "not built" a wait for
+    the build cell).
+    """
+    try:
+        want = {"name": name, "sources": source_hash([Path(s).resolve() for s in sources])}
+        want["arch_list"] = arch_list(sass, ptx)
+    except (OSError, ValueError):
+        return False
+    for marker in cache_root().glob(f"{name}-*/{MARKER}"):
+        try:
+            key = json.loads(marker.read_text())["key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if all(key.get(k) == v for k, v in want.items()) and (torch is None or key.get("torch") == torch):
+            return True
+    return False
 
 
 def cached_library(

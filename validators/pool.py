@@ -28,7 +28,7 @@ import contextlib
 import functools
 import selectors
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,18 +94,29 @@ class Pool:
         self._failure_text: dict[str, str] = {}
         self._pending: collections.deque[Task] = collections.deque()
         self._on_done: Done = lambda task, attempt: ()
+        self._after: dict[str, frozenset[str]] = {}
+        self._built: set[str] = set()  # build cells that said their libraries are built (worker)
 
     def run(
-        self, tasks: Iterable[Task], on_done: Done, background: Iterator[list[Task]] | None = None
+        self,
+        tasks: Iterable[Task],
+        on_done: Done,
+        background: Iterator[list[Task]] | None = None,
+        after: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         """Run ``tasks`` and what ``on_done`` adds; ``background``: the runner's own work between polls.
 
         Each step of ``background`` is a few milliseconds of the runner's work
         (serving cached verdicts while the lanes already run the changed
         cells) and may add tasks; the pool looks at its workers between steps
-        and does not wait in its poll while steps are left.
+        and does not wait in its poll while steps are left.  ``after``: cell id
+        -> the cells whose builds it loads (:func:`validators.schedule.prerequisites`);
+        no lane starts it while one of those is still to run or running (it
+        would sit on the build's lock, where the lane cannot take a cell whose
+        build has landed meanwhile).
         """
         self._pending, self._on_done = collections.deque(tasks), on_done
+        self._after = dict(after or {})
         try:
             self.launcher.prestart(sorted({t.kind for t in self._pending}))
             while self._pending or self._busy() or background is not None:
@@ -142,8 +153,9 @@ class Pool:
     # -- assigning ---------------------------------------------------------------------------
     def _dispatch(self) -> None:
         ready = functools.cache(self.launcher.startable)  # one look per server kind, not per task
+        building = self._building()
         for lane in self.lanes:
-            startable = functools.partial(self._startable, lane, ready)
+            startable = functools.partial(self._startable, lane, ready, building)
             while lane.task is None:
                 task = lane.pick(self._pending, startable)
                 if task is None:
@@ -155,9 +167,19 @@ class Pool:
                     continue
                 self._start(lane, task)
 
-    @staticmethod
-    def _startable(lane: Lane, ready: Callable[[str], bool], task: Task) -> bool:
-        """The lane has a worker for it, or one starts now (``ready``: its server is not importing)."""
+    def _building(self) -> set[str]:
+        """Cells some ``after`` entry waits for that are still to run or running (empty without any)."""
+        if not self._after:
+            return set()
+        tasks = [*self._pending, *(lane.task for lane in self.lanes if lane.task is not None)]
+        return {t.cell.id for t in tasks if t.kind != "cuda" and t.cell.id not in self._built}
+
+    def _startable(self, lane: Lane, ready: Callable[[str], bool], building: set[str], task: Task) -> bool:
+        """The lane has a worker for it, or one starts now (``ready``: its server is not importing),
+        and no build it loads is still to come (``after``)."""
+        need = self._after.get(task.cell.id)
+        if need is not None and not need.isdisjoint(building):
+            return False
         have = lane.spare if task.fresh else lane.reusable
         return usable(have, task.kind) or ready(task.kind)
 
@@ -297,6 +319,8 @@ class Pool:
             self._failures[worker.kind] = 0
             if lane is not None and not lane.sent_at:
                 self._send(lane)
+        elif msg.get("type") == "built" and lane is not None and lane.task is not None:
+            self._built.add(lane.task.cell.id)  # what GPU cells wait for is built; the cell goes on
         elif msg.get("type") == "result" and lane is not None and lane.task is not None:
             task = lane.task
             outcome = msg.get("outcome")

@@ -82,16 +82,22 @@ class CheckResult:
     summary: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
+    #: of ``duration_s``: blocked while another worker compiled a Triton kernel this check needed
+    #: (:mod:`validators.tritoncache`); the run breakdown counts it as waiting, not as work
+    waited_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """The record (``details`` as is: JSON data, not copied; ``asdict`` deep-copied it, per write)."""
-        return {
+        doc = {
             "name": self.name,
             "status": self.status.value,
             "summary": self.summary,
             "details": self.details,
             "duration_s": self.duration_s,
         }
+        if self.waited_s >= 0.0005:
+            doc["waited_s"] = round(self.waited_s, 3)
+        return doc
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CheckResult:
@@ -101,6 +107,7 @@ class CheckResult:
             summary=str(d.get("summary", "")),
             details=dict(d.get("details") or {}),
             duration_s=float(d.get("duration_s", 0.0)),
+            waited_s=float(d.get("waited_s") or 0.0),
         )
 
 
@@ -131,6 +138,8 @@ class CellResult:
     attempts: int = 1
     #: of ``duration_s``: set-up time spent building the op's CUDA extension (the run breakdown's)
     setup_build_s: float = 0.0
+    #: of ``duration_s``: set-up time blocked on another process's build of the same library
+    setup_wait_s: float = 0.0
 
     @property
     def id(self) -> str:
@@ -140,7 +149,11 @@ class CellResult:
         return next((c for c in self.checks if c.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
-        extra = {"setup_build_s": round(self.setup_build_s, 3)} if self.setup_build_s >= 0.0005 else {}
+        extra = {
+            k: round(v, 3)
+            for k, v in (("setup_build_s", self.setup_build_s), ("setup_wait_s", self.setup_wait_s))
+            if v >= 0.0005
+        }
         return {
             "id": self.cell.id,
             "axes": self.cell.axes(),
@@ -175,6 +188,7 @@ class CellResult:
                 repro=str(d.get("repro", "")),
                 attempts=int(d.get("attempts", 1)),
                 setup_build_s=float(d.get("setup_build_s") or 0.0),
+                setup_wait_s=float(d.get("setup_wait_s") or 0.0),
             )
         except (KeyError, ValueError, TypeError, AttributeError, OverflowError) as exc:
             name = d.get("id", "?") if isinstance(d, Mapping) else "?"

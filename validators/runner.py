@@ -56,7 +56,7 @@ from opgate.validators.outlock import OutputLock
 from opgate.validators.pool import Attempt, Pool, Task, lends_gpus
 from opgate.validators.progress import Progress, format_summary
 from opgate.validators.result import CellResult, RunResults, Verdict
-from opgate.validators.schedule import History, expected_costs, host_lanes, longest_first
+from opgate.validators.schedule import History, expected_costs, host_lanes, longest_first, prerequisites
 from opgate.validators.workerproc import Launcher, WorkerConfig
 
 if TYPE_CHECKING:
@@ -91,6 +91,15 @@ def _counted(steps: Iterator[list[Task]], progress: Progress) -> Iterator[list[T
     for more in steps:
         progress.total += sum(not controls.is_control(t.cell) for t in more)
         yield more
+
+
+def _built_already(name: str, sources: Any, impl: Any) -> bool:
+    """Whether library ``name`` of ``impl`` is in the build cache for this torch (no torch import)."""
+    from opgate.validators.cuda_build import looks_built
+
+    sass = list(impl.arch_policy.get("sass") or [])
+    ptx = bool(impl.arch_policy.get("ptx", False))
+    return looks_built(name, sources, sass, ptx, device.installed_torch())
 
 
 def _now() -> str:
@@ -377,7 +386,8 @@ class Runner:
 
         t = time.monotonic()
         try:
-            pool.run(tasks, on_done, _counted(serving, progress) if serving is not None else None)
+            after = prerequisites(tasks, self._specs, _built_already)
+            pool.run(tasks, on_done, _counted(serving, progress) if serving is not None else None, after)
             for parked in self._gate.leftover():  # a control that never reported: record as they are
                 settle(parked.task, parked.views)
         finally:
@@ -487,6 +497,7 @@ class Runner:
             kernels=kernels,
             duration_s=sum(v.duration_s for v in views),
             setup_build_s=sum(v.setup_build_s for v in views),
+            setup_wait_s=sum(v.setup_wait_s for v in views),
             reason=reason,
             seed=seed,
             repro=self._repro(self._scheduled_controls.get(cell.id, cell), seed),

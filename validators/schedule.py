@@ -21,7 +21,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,6 +135,54 @@ def longest_first(cells: Sequence[Cell], costs: Mapping[str, float] | None = Non
         for turn in range(max(len(g) for g in groups)):
             ordered.extend(g[turn] for g in groups if turn < len(g))
     return ordered
+
+
+def prerequisites(
+    tasks: Sequence[Task], specs: Mapping[str, Any], built: Callable[[str, Any, Any], bool] = lambda *_: False
+) -> dict[str, frozenset[str]]:
+    """GPU cells -> the build cells of this run that build what they load: start them after those.
+
+    A CUDA C++ implementation's GPU cells load the library its build cells
+    build; an implementation that declares ``libraries`` loads those, which
+    the build cells of every implementation declaring the same library start
+    (the first builds it, the others leave it to that one).  Before them, a
+    GPU cell would block on the build lock: on the H200 a cold run's first
+    GPU cells waited 23 s on five lanes for one library.  The pool holds such
+    a cell back until those build cells say it is built
+    (:class:`validators.pool.Pool`).  ``built(name, sources, impl)`` says a
+    library is in the build cache already (then nothing waits for it).
+    """
+    from opgate.validators.cuda_build import library_name
+
+    builds: dict[tuple[str, str], list[str]] = {}
+    makes: dict[str, set[str]] = {}  # library name -> the build cells that build it
+    for task in tasks:
+        if task.kind != "build":
+            continue
+        builds.setdefault((task.cell.op, task.cell.impl), []).append(task.cell.id)
+        impl = _impl(specs, task.cell.op, task.cell.impl)
+        for lib in getattr(impl, "libraries", ()):
+            makes.setdefault(lib.name, set()).add(task.cell.id)
+    after: dict[str, frozenset[str]] = {}
+    for task in tasks:
+        if task.kind != "cuda":
+            continue
+        impl = _impl(specs, task.cell.op, task.cell.impl)
+        need: set[str] = set()
+        own = library_name(task.cell.op, task.cell.impl)
+        if getattr(impl, "kind", "") == "cuda" and not built(own, impl.sources, impl):
+            need |= set(builds.get((task.cell.op, task.cell.impl), ()))
+        for lib in getattr(impl, "libraries", ()):
+            if not built(lib.name, lib.sources, impl):
+                need |= makes.get(lib.name, set())
+        if need:
+            after[task.cell.id] = frozenset(need)
+    return after
+
+
+def _impl(specs: Mapping[str, Any], op: str, impl: str) -> Any:
+    spec = specs.get(op)
+    return None if spec is None else spec.implementations.get(impl)
 
 
 def lanes_needed(costs: Iterable[float], lanes: int, makespan_s: float = 0.0) -> int:

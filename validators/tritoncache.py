@@ -51,6 +51,10 @@ LOCK_NAME = "opgate-compile.lock"
 #: The longest a worker waits for another's compile of the same kernel before compiling it
 #: itself.  A Triton compile takes well under a second to tens of seconds.
 WAIT_S = 180.0
+#: Seconds this process has spent blocked on another worker's compile of a kernel it needed:
+#: each check reads the difference (:func:`opgate.validators.checks.base.run_check`), and the
+#: run breakdown counts it as the harness's wait, not as compile or kernel work.
+WAIT_SECONDS = [0.0]
 
 
 def worker_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -68,14 +72,18 @@ def _acquire(path: str, wait_s: float) -> int | None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         return None  # an unwritable cache: Triton's own behaviour
-    deadline = time.monotonic() + wait_s
+    start = time.monotonic()
+    deadline = start + wait_s
     pause = 0.005
-    while not _try_lock(fd):
-        if time.monotonic() >= deadline:
-            os.close(fd)
-            return None
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
+    try:
+        while not _try_lock(fd):
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+    finally:
+        WAIT_SECONDS[0] += time.monotonic() - start
     return fd
 
 

@@ -13,6 +13,7 @@ stderr, so an op that prints cannot corrupt the channel).  Messages::
 
     worker -> {"type": "hello", "pid", "kind", "startup_s", "fingerprint"}
     parent -> {"cell", "seed", "attempt", "log", "workdir", "timeout_s"}
+    worker -> {"type": "built", "id"}   (a build cell: what GPU cells load is built; the cell goes on)
     worker -> {"type": "result", "id", "outcome": {checks, kernels, reason, verdict}, "duration_s",
                "healthy", "unhealthy_reason"}
 
@@ -74,6 +75,7 @@ def outcome_json(outcome: Any) -> dict[str, Any]:
         "reason": str(getattr(outcome, "reason", "") or ""),
         "verdict": None if verdict is None else str(getattr(verdict, "value", verdict)),
         "setup_build_s": float(getattr(outcome, "setup_build_s", 0.0) or 0.0),
+        "setup_wait_s": float(getattr(outcome, "setup_wait_s", 0.0) or 0.0),
     }
 
 
@@ -244,6 +246,22 @@ def _channel() -> IO[str]:
 def _send(channel: IO[str], msg: Mapping[str, Any]) -> None:
     channel.write(json.dumps(msg, allow_nan=False) + "\n")
     channel.flush()
+
+
+#: The protocol channel of this worker while it serves (:func:`serve_loop`); empty elsewhere.
+_CHANNEL: list[IO[str]] = []
+
+
+def notify_built(cell_id: str) -> None:
+    """Tell the run that what ``cell_id`` builds for GPU cells is built, before the cell ends.
+
+    A build cell builds the libraries GPU cells load, then goes on checking
+    kernels: the pool holds those GPU cells back until this message rather
+    than until the whole cell (:func:`validators.schedule.prerequisites`).
+    Nothing happens outside a worker (a test, ``opgate perf``).
+    """
+    if _CHANNEL:
+        _send(_CHANNEL[0], {"type": "built", "id": cell_id})
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -430,6 +448,7 @@ def serve_loop(
     if standby is not None:
         hello["standby"] = dict(standby)
     _send(channel, hello)
+    _CHANNEL[:] = [channel]
     for line in sys.stdin:
         if not line.strip():
             continue

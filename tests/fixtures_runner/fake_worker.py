@@ -4,7 +4,9 @@ What it does with a cell is chosen by the cell's layout, so one pool run can
 mix outcomes: ``contiguous`` passes (reporting the worker's environment),
 ``transposed`` aborts (SIGABRT), ``strided`` hangs, ``offset`` reports a
 sticky device error, and ``fp16`` + ``misaligned`` fails its check.  A cell
-whose shapes are ``sleep<seconds>`` takes that long (scheduling tests).
+whose shapes are ``sleep<seconds>`` takes that long (scheduling tests); one whose
+shapes are ``built<seconds>`` first says what it builds is built (the ``built``
+message of a build cell), then takes that long.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ def main() -> None:
             while True:
                 time.sleep(3600)
         shapes = str(cell.get("shapes") or "")
-        time.sleep(float(shapes[5:]) if shapes.startswith("sleep") else 0.05)
+        if shapes.startswith("built"):
+            out.write(json.dumps({"type": "built", "id": cell["id"]}) + "\n")
+        time.sleep(float(shapes[5:]) if shapes.startswith(("sleep", "built")) else 0.05)
         if layout == "offset":
             msg = _reply(
                 cell, "error", healthy=False, reason="sticky CUDA error after this cell: illegal address"

@@ -44,9 +44,12 @@ class CellOutcome:
     kernels: list[str] = field(default_factory=list)
     reason: str = ""
     verdict: Verdict | None = None
-    #: seconds of the set-up spent building the op's CUDA extension (or waiting for another
-    #: cell's nvcc to): build work, which the run breakdown must not count as set-up
+    #: seconds of the set-up spent building the op's CUDA extension: build work, which the run
+    #: breakdown must not count as set-up
     setup_build_s: float = 0.0
+    #: seconds of the set-up blocked while another process built it: the lane did nothing (the
+    #: breakdown's "waiting on another lane's build or compile")
+    setup_wait_s: float = 0.0
 
 
 def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:

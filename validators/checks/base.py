@@ -135,7 +135,7 @@ def error_result(name: str, exc: BaseException, what: str = "") -> CheckResult:
 
 def run_check(check: Check, ctx: CellContext) -> CheckResult:
     """Run one check under the guard: skip with a reason, or its result, or ``error``."""
-    t0 = time.perf_counter()
+    t0, waited_before = time.perf_counter(), waited_s()
     try:
         reason = check.applies(ctx)
         if reason is not None:
@@ -145,7 +145,18 @@ def run_check(check: Check, ctx: CellContext) -> CheckResult:
     except Exception as exc:  # noqa: BLE001 - a crashing check or op is this check's error, nothing more
         result = error_result(check.name, exc)
     result.duration_s = round(time.perf_counter() - t0, 4)
+    waited = waited_s() - waited_before
+    if waited >= 0.0005:
+        result.waited_s = round(min(waited, result.duration_s), 3)
     return with_hints(result)
+
+
+def waited_s() -> float:
+    """Seconds this worker has spent blocked on another process's build or Triton compile so far."""
+    from opgate.validators import tritoncache
+    from opgate.validators.cuda_build import BUILD_WAIT_SECONDS
+
+    return BUILD_WAIT_SECONDS[0] + tritoncache.WAIT_SECONDS[0]
 
 
 def with_hints(result: CheckResult) -> CheckResult:

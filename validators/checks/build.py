@@ -63,10 +63,13 @@ def run_build_cell(cell: Cell, spec: OpSpec, workdir: Path) -> CellOutcome:  # n
             Verdict.UNSUPPORTED, f"arch_policy of {impl.name} claims {sass}, not {cell.arch}", {}, start
         )
     try:
+        libraries = _libraries(impl)
+        if impl.kind != "cuda":  # a CUDA C++ impl's GPU cells load its own build: said after it
+            _built(cell)
         if impl.kind == "cuda":
-            return _cuda_cell(cell, spec, impl, sass, start)
+            return _with_libraries(_cuda_cell(cell, spec, impl, sass, start), libraries)
         if impl.kind == "triton":
-            return _triton_cell(cell, impl, workdir, start)
+            return _with_libraries(_triton_cell(cell, impl, workdir, start), libraries)
         if impl.audits_binaries:
             from opgate.validators.checks.external_build import external_cell
 
@@ -74,6 +77,63 @@ def run_build_cell(cell: Cell, spec: OpSpec, workdir: Path) -> CellOutcome:  # n
     except Exception as exc:  # noqa: BLE001 (a build check reports, never raises into the worker)
         return _outcome(Verdict.ERROR, f"build check crashed: {type(exc).__name__}: {exc}", {}, start)
     return _outcome(Verdict.UNSUPPORTED, f"kind {impl.kind} has no binaries to inspect", {}, start)
+
+
+def _libraries(impl: ImplSpec) -> list[dict[str, Any]]:
+    """Build the C++ libraries the implementation's module builds at import (spec ``libraries``).
+
+    Here, on a build lane and before the GPU cells start (they wait for this
+    cell), rather than in the first GPU cell of every worker at once.  Built
+    with the runtime's own toolchain and the implementation's arch policy: the
+    key its module asks the builder for, so the GPU workers find it built.
+    A library another process is building now is left to it (no lane waits
+    for a build it cannot speed up); a failed build fails the cell.
+    """
+    if not impl.libraries:
+        return []
+    from opgate.validators import cuda_build as cb
+
+    sass = list(impl.arch_policy.get("sass") or [])
+    ptx = bool(impl.arch_policy.get("ptx", False))
+    found: list[dict[str, Any]] = []
+    for lib in impl.libraries:
+        entry: dict[str, Any] = {"name": lib.name}
+        try:
+            built = cb.build(
+                lib.name, lib.sources, sass, ptx, cb.default_toolchain(install=False), wait=False
+            )
+        except cb.BuildBusy:
+            entry["state"] = "being built by another process"
+        except cb.CudaBuildUnsupported as exc:
+            entry["state"] = f"not built: {exc}"
+        except cb.CudaBuildError as exc:
+            entry.update(state="failed", log=str(exc))
+        else:
+            state = "cached" if built.cache_hit else f"built in {built.build_s:.1f} s"
+            entry.update(state=state, library=str(built.library))
+        found.append(entry)
+    return found
+
+
+def _built(cell: Cell) -> None:
+    """What this cell builds for GPU cells is built (or left to another): the pool may start them."""
+    from opgate.validators.worker import notify_built
+
+    notify_built(cell.id)
+
+
+def _with_libraries(outcome: CellOutcome, libraries: list[dict[str, Any]]) -> CellOutcome:
+    """The build check's result with its libraries; a library that failed to build fails the cell."""
+    if not libraries or not outcome.checks:
+        return outcome
+    check = outcome.checks[0]
+    check.details["libraries"] = libraries
+    failed = [lib["name"] for lib in libraries if lib.get("state") == "failed"]
+    if failed and check.status is Verdict.PASS:
+        check.status = Verdict.FAIL
+        check.summary = f"library {', '.join(failed)} failed to build; {check.summary}".rstrip("; ")
+        return CellOutcome([check], outcome.kernels, check.summary, None)
+    return outcome
 
 
 def _expected_kernels(impl: ImplSpec) -> tuple[str, ...]:
@@ -115,6 +175,7 @@ def _cuda_cell(cell: Cell, spec: OpSpec, impl: ImplSpec, sass: list[str], start:
     name = cb.library_name(spec.op, impl.name)
     try:
         built = cb.build(name, impl.sources, sass, ptx, toolchain)
+        _built(cell)
     except cb.CudaBuildUnsupported as exc:
         return _outcome(Verdict.UNSUPPORTED, str(exc), details, start)
     except cb.CudaBuildError as exc:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from opgate.matrix.modes import MODES
 from opgate.matrix.modes import mode as mode_of
 from opgate.validators.checks import torchlog
+from opgate.validators.checks.base import waited_s
 from opgate.validators.interpreted_triton_op import support_triton_ops
 from opgate.validators.interpreter import round_bf16_to_nearest
 from opgate.validators.result import CheckResult, Verdict
@@ -141,7 +142,11 @@ def _build_outcome(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Pa
         if exc.name != "opgate.validators.checks.build":
             raise
         return CellOutcome([], [], "no build check is installed in this opgate", Verdict.SKIP)
+    waited_before = waited_s()
     outcome: CellOutcome = build.run_cell(cell, spec, device, seed, workdir)
+    waited = waited_s() - waited_before
+    if waited >= 0.0005 and outcome.checks:  # a build cell's one check: its lock waits are waits
+        outcome.checks[0].waited_s = round(min(waited, outcome.checks[0].duration_s), 3)
     return outcome
 
 
@@ -214,6 +219,25 @@ def _built_s() -> float:
     return BUILD_SECONDS[0]
 
 
+def _checked(cell: Cell, ctx: CellContext, device: str) -> list[CheckResult]:
+    """The cell's checks, run: the mode's (a control's subset), or the limits of an unsupported cell."""
+    from opgate.validators.checks.base import run_check
+    from opgate.validators.controls import control_checks, is_control
+
+    if ctx.impl.unsupported_reason(cell.id) is not None:
+        from opgate.validators.checks import limits
+
+        return [run_check(c, ctx) for c in limits.CHECKS]
+    checks = checks_for(cell.mode)
+    if is_control(cell):
+        checks = [c for c in checks if c.name in control_checks(cell.mode)]
+    results = [run_check(c, ctx) for c in checks]
+    unchecked = None if is_control(cell) else unchecked_evidence(results, device, cell.mode)
+    if unchecked is not None:
+        results = [r for r in results if r.name != "evidence"] + [unchecked]
+    return results
+
+
 def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) -> CellOutcome:
     """The agreed entry point (see :func:`validators.checks.run_cell`)."""
     from opgate.validators.checks import CellOutcome
@@ -237,15 +261,13 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
     import torch
 
     from opgate.validators.checks.artifacts import make_artifact
-    from opgate.validators.checks.base import run_check
     from opgate.validators.checks.context import build_context
-    from opgate.validators.controls import control_checks, is_control
     from opgate.validators.layouts import LayoutError
 
     workdir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    built_before = _built_s()
+    built_before, waited_before = _built_s(), waited_s()
     with fresh_compiler_state(device == "cpu"), poisoned_allocations(), torchlog.collecting():
         try:
             ctx = build_context(cell, spec, device, seed, workdir)
@@ -257,27 +279,22 @@ def run_cell(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Path) ->
         ctx.artifact = make_artifact(cell.mode, ctx.op, spec.dynamic_shapes, workdir)
         refused = _oracle_refused(ctx)
         t_setup, setup_build_s = time.perf_counter(), _built_s() - built_before
-        if refused is not None:
-            results = [refused]
-        elif ctx.impl.unsupported_reason(cell.id) is not None:
-            from opgate.validators.checks import limits
-
-            results = [run_check(c, ctx) for c in limits.CHECKS]
-        else:
-            checks = checks_for(cell.mode)
-            if is_control(cell):
-                checks = [c for c in checks if c.name in control_checks(cell.mode)]
-            results = [run_check(c, ctx) for c in checks]
-            unchecked = None if is_control(cell) else unchecked_evidence(results, device, cell.mode)
-            if unchecked is not None:
-                results = [r for r in results if r.name != "evidence"] + [unchecked]
+        setup_wait_s = waited_s() - waited_before
+        results = [refused] if refused is not None else _checked(cell, ctx, device)
         t_checks = time.perf_counter()
     # where a slow cell's time went outside its checks (the checks time themselves), in its log
     print(
         f"=== set-up {t_setup - t0:.2f} s (op, inputs, oracle; {setup_build_s:.2f} s of it the op's "
-        f"CUDA build), checks {t_checks - t_setup:.2f} s, "
+        f"CUDA build, {setup_wait_s:.2f} s waiting on another process's), checks {t_checks - t_setup:.2f} s, "
         f"compiler reset {time.perf_counter() - t_checks:.2f} s",
         file=sys.stderr,
     )
     verdict = combine(results)
-    return CellOutcome(results, list(ctx.kernels), _reason(results, verdict), None, round(setup_build_s, 3))
+    return CellOutcome(
+        results,
+        list(ctx.kernels),
+        _reason(results, verdict),
+        None,
+        round(setup_build_s, 3),
+        round(setup_wait_s, 3),
+    )
