@@ -45,7 +45,6 @@ def _constexpr_passed_op() -> Any:
     from torch.library import triton_op, wrap_triton
     from zoo_ops.kernels import NATIVE, _zoo_rms_fwd_kernel, compute_type
 
-    @triton_op("repro::rms_norm_constexpr_passed", mutates_args=())
     def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         m, n = x.shape
         y = x.new_empty((m, n))
@@ -60,7 +59,10 @@ def _constexpr_passed_op() -> Any:
         )  # fmt: skip
         return y
 
-    return rms_norm
+    # this file's annotations are strings (``from __future__``) naming a torch imported here, not
+    # at module level, where torch.library would resolve them: hand it the types themselves
+    rms_norm.__annotations__ = {"x": torch.Tensor, "w": torch.Tensor, "eps": float, "return": torch.Tensor}
+    return triton_op("repro::rms_norm_constexpr_passed", mutates_args=())(rms_norm)
 
 
 def case(dtype_name: str, layout: str, flags: list[str]) -> str:

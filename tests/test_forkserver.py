@@ -143,9 +143,12 @@ def test_build_workers_fork_from_a_server_of_their_own(tmp_path: Path) -> None:
 
 
 PRECOMPUTED_PROBE = """
-import os, sys
+import gc, os, sys, threading
 from opgate.validators import worker
 worker.preload([], sys.argv[1], for_forks=True)
+# the key hashing thread is done before any fork; what was imported is frozen for the collector
+assert threading.active_count() == 1, threading.enumerate()
+assert gc.isenabled() and gc.get_freeze_count() > 100_000, gc.get_freeze_count()
 from triton.backends.nvidia.compiler import get_ptxas_version
 from triton.runtime.cache import triton_key
 before = (triton_key.cache_info().misses, get_ptxas_version.cache_info().currsize)
