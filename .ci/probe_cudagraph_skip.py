@@ -5,11 +5,11 @@ The check's verdict counts ``counters["inductor"]["cudagraph_skips"]``; its
 listing is what :func:`opgate.validators.checks.torchlog.collecting` gathers
 from torch's loggers while the graphs are made.  Inductor's cudagraph logger
 does not propagate to ``torch``, so a handler there alone saw nothing.  This
-compiles, with ``mode="reduce-overhead"`` as the check does, three functions
-Inductor cannot graph as they are (an input mutated in place, an input on the
-CPU), and one it can, calls each three times (warm-up, record, replay) inside
-the collection, and prints each function's skip count and the collected lines
-the check would list::
+compiles, with ``mode="reduce-overhead"`` as the check does, a function
+Inductor cannot graph as it is (an input mutated in place) and one it can,
+calls each three times (warm-up, record, replay) inside the collection, and
+prints each function's skip count and the collected lines the check would
+list::
 
     python3 .ci/probe_cudagraph_skip.py
 """
@@ -28,16 +28,12 @@ def _cases() -> list[tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]
         x.add_(1.0)
         return x * 2.0
 
-    def cpu_input(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return x * scale.to(x.device)
-
     def clean(x: torch.Tensor) -> torch.Tensor:
         return (x * 2.0).relu()
 
     cuda = lambda: torch.randn(64, 64, device="cuda")  # noqa: E731
     return [
         ("mutated input", mutates, lambda: (cuda(),)),
-        ("cpu input", cpu_input, lambda: (cuda(), torch.tensor(3.0))),
         ("clean", clean, lambda: (cuda(),)),
     ]
 
