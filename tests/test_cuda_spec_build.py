@@ -128,6 +128,12 @@ def test_a_build_cell_builds_the_library_its_module_asks_for_at_import(
     monkeypatch.setattr(_cuda_build, "build", recorded_build)
     monkeypatch.setattr(_cuda_build, "default_toolchain", lambda **_: "toolchain")
     rope = load_specs([OPS_DIR])["rope"].implementations["triton"]
+    monkeypatch.delenv("OPGATE_BUILD_LIBRARIES", raising=False)  # a run without GPUs: nobody loads it
+    assert build_check._libraries(rope) == [
+        {"name": "opgate_replay", "state": "not built: no GPU in this run loads it"}
+    ]
+    assert not asked
+    monkeypatch.setenv("OPGATE_BUILD_LIBRARIES", "1")  # what the runner sets where there are GPUs
     found = build_check._libraries(rope)
     assert found == [{"name": "opgate_replay", "state": "built in 1.5 s", "library": "/lib.so"}]
     name, sources, sass, ptx, kw = asked[0]
@@ -143,6 +149,7 @@ def test_a_library_being_built_elsewhere_is_left_to_it_and_a_failed_one_fails_th
     from opgate.validators.result import CheckResult, Verdict
 
     monkeypatch.setattr(_cuda_build, "default_toolchain", lambda **_: "toolchain")
+    monkeypatch.setenv("OPGATE_BUILD_LIBRARIES", "1")
     rope = load_specs([OPS_DIR])["rope"].implementations["triton"]
 
     def busy(*_: Any, **__: Any) -> Any:
@@ -165,12 +172,15 @@ def test_a_library_being_built_elsewhere_is_left_to_it_and_a_failed_one_fails_th
     assert "expected ';'" in failed.checks[0].details["libraries"][0]["log"]
 
 
-def test_without_a_cuda_torch_the_library_is_not_built_and_the_cell_stands(tmp_path: Path) -> None:
+def test_without_a_cuda_torch_the_library_is_not_built_and_the_cell_stands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """This machine's CPU torch: the declared library is reported unbuilt, nothing fails."""
     import torch
 
     from opgate.validators.checks import build as build_check
 
+    monkeypatch.setenv("OPGATE_BUILD_LIBRARIES", "1")
     rope = load_specs([OPS_DIR])["rope"].implementations["triton"]
     if torch.version.cuda is not None:
         pytest.skip("a CUDA torch builds the library")

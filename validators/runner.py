@@ -93,6 +93,10 @@ def _counted(steps: Iterator[list[Task]], progress: Progress) -> Iterator[list[T
         yield more
 
 
+#: Set for the workers of a run with GPUs: build cells build the libraries specs declare.
+LIBRARIES_VARIABLE = "OPGATE_BUILD_LIBRARIES"
+
+
 def _built_already(name: str, sources: Any, impl: Any) -> bool:
     """Whether library ``name`` of ``impl`` is in the build cache for this torch (no torch import)."""
     from opgate.validators.cuda_build import looks_built
@@ -321,6 +325,9 @@ class Runner:
             python=self.python,
             fork_server=os.environ.get("OPGATE_FORK_SERVER", "1") != "0",
             keep_warm_s=60.0 * (self.options.keep_warm_min or 0.0),
+            # a spec's ``libraries`` are for GPU cells to load: built by build cells only where some
+            # GPU can load them (on a CPU machine a CUDA torch's build cell would compile C++ for nobody)
+            extra_env={LIBRARIES_VARIABLE: "1"} if gpus else {},
         )
         self._launcher = Launcher(config)
         self._launcher.prestart(sorted(kinds))

@@ -87,10 +87,16 @@ def _libraries(impl: ImplSpec) -> list[dict[str, Any]]:
     with the runtime's own toolchain and the implementation's arch policy: the
     key its module asks the builder for, so the GPU workers find it built.
     A library another process is building now is left to it (no lane waits
-    for a build it cannot speed up); a failed build fails the cell.
+    for a build it cannot speed up); a failed build fails the cell.  Only
+    in a run with GPUs (``OPGATE_BUILD_LIBRARIES=1``, set by the runner): on a
+    CPU machine no cell loads them.
     """
     if not impl.libraries:
         return []
+    if os.environ.get("OPGATE_BUILD_LIBRARIES") != "1":  # set by a run with GPUs (validators.runner)
+        return [
+            {"name": lib.name, "state": "not built: no GPU in this run loads it"} for lib in impl.libraries
+        ]
     from opgate.validators import cuda_build as cb
 
     sass = list(impl.arch_policy.get("sass") or [])
