@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -171,6 +172,46 @@ def test_the_committed_h200_zoo_run_has_only_torchs_own_errors_and_the_aoti_cell
         "zoo_triton_op" in line and "-compile:" in line and "h200-triton-op-repro" in line for line in known
     )
     assert "123/126 cases as expected (2 of them decided by torch itself: KNOWN)" in out
+
+
+def test_the_committed_h200_aoti_cases_are_this_images_own_failures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The 3 aoti cases on the H200: its AOTInductor loader's SIGSEGV (the controls too), torch's bug."""
+    from tests.zoo.gpu_cases import main
+
+    committed = REPO / "results" / "runs" / "h200-zoo-aoti" / "results.json"
+    assert main(["sm_90", "13.0", "--check", str(committed)]) == 1  # only the aoti cells ran
+    out = capsys.readouterr().out
+    assert "DIFFERS" not in out
+    known = [line for line in out.splitlines() if line.startswith("KNOWN")]
+    assert len(known) == 3
+    assert all("-aoti:" in line for line in known)
+    assert sum("environment" in line and "h200-aoti)" in line for line in known) == 2
+    assert sum("zoo_triton_op" in line and "h200-triton-op-repro" in line for line in known) == 1
+    assert out.count("MISSING") == 123
+
+
+def test_an_aoti_environment_verdict_counts_only_in_the_torch_it_was_seen_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.zoo.gpu_cases import check
+
+    def cell(torch_version: str) -> dict[str, Any]:
+        return {
+            "id": f"t{torch_version}",
+            "axes": {"op": "zoo_good", "mode": "aoti", "torch": torch_version},
+            "verdict": "environment",
+            "reason": "environment: aoti is broken here, the op's own reference fails the same way",
+            "checks": [{"name": "aoti", "status": "error"}],
+        }
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"cells": [cell("2.11.0"), cell("2.13.0")]}))
+    assert check(results, [("t2.11.0", "pass", None), ("t2.13.0", "pass", None)]) == 1
+    out = capsys.readouterr().out
+    assert "KNOWN t2.11.0" in out
+    assert "DIFFERS t2.13.0" in out
 
 
 @pytest.mark.parametrize(

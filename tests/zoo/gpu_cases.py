@@ -21,9 +21,9 @@ from typing import Any
 from tests.zoo_cases import CASES
 
 #: Cases torch itself decides on a GPU: (op, mode, torch version prefix) -> (the verdict, what its
-#: reason must say, the evidence that the failure is torch's without opgate).  A cell that matches
-#: is reported as KNOWN, not wrong; one that stops matching (a torch that fixed it, another error)
-#: is a DIFFERS like any other, and the entry can go.
+#: reason must say, the evidence that the failure is torch's without opgate); op ``*`` is any op.
+#: A cell that matches is reported as KNOWN, not wrong; one that stops matching (a torch that
+#: fixed it, another error) is a DIFFERS like any other, and the entry can go.
 TORCH_BUGS: dict[tuple[str, str, str], tuple[str, str, str]] = {
     # a wrap_triton kernel's defaulted constexpr left out of the call (the zoo kernel's TWICE)
     ("zoo_triton_op", "compile", "2.11."): (
@@ -31,6 +31,15 @@ TORCH_BUGS: dict[tuple[str, str, str], tuple[str, str, str]] = {
         "launcher() missing 1 required positional argument: '_grid_2'",
         "results/runs/h200-triton-op-repro",
     ),
+    # the same, met by AOTInductor's compile before anything is loaded
+    ("zoo_triton_op", "aoti", "2.11."): (
+        "fail",
+        "launcher() missing 1 required positional argument: '_grid_2'",
+        "results/runs/h200-triton-op-repro",
+    ),
+    # the H200 image's aoti_load_package dies with SIGSEGV for any package, the op's reference
+    # through the same path included: the environment control says so
+    ("*", "aoti", "2.11."): ("environment", "aoti is broken here", "results/runs/h200-aoti"),
 }
 
 
@@ -39,7 +48,8 @@ def _torch_bug(got: dict[str, Any]) -> str | None:
     axes = got.get("axes") or {}
     torch_version = str(axes.get("torch", ""))
     for (op, mode, prefix), (verdict, says, evidence) in TORCH_BUGS.items():
-        same_case = (axes.get("op"), axes.get("mode")) == (op, mode) and torch_version.startswith(prefix)
+        same_op = op in ("*", axes.get("op"))
+        same_case = same_op and axes.get("mode") == mode and torch_version.startswith(prefix)
         if same_case and got["verdict"] == verdict and says in got.get("reason", ""):
             return evidence
     return None
