@@ -255,3 +255,29 @@ def test_a_lane_runs_other_cells_while_a_build_it_needs_is_under_way(tmp_path: P
     pool = Pool(WorkerConfig(logs=tmp_path / "workers2", module=FAKE), host_lanes=1, gpus=gpus, gpu_workers=1)
     pool.run([needs, free, build], on_done)
     assert done[needs.cell.id] < done[free.cell.id]
+
+
+def test_the_build_cache_is_looked_at_once_per_library(tmp_path: Path) -> None:
+    """Planning asks the build cache about each library once, however many cells load it."""
+    from types import SimpleNamespace
+
+    from opgate.matrix.spec import Library
+    from opgate.validators.schedule import prerequisites
+
+    replay = Library("replay", (tmp_path / "replay.cpp",))
+    impl = SimpleNamespace(kind="triton", libraries=(replay,), arch_policy={"sass": ["sm_90"]})
+    specs = {"a": _spec({"impl": impl})}
+    tasks = [Task(cell("build", op="a"), "build", "sm_90", 1, 60.0, tmp_path, tmp_path)]
+    tasks += [
+        Task(cell("eager", shapes=f"s{i}", op="a"), "cuda", "sm_90", 1, 60.0, tmp_path, tmp_path)
+        for i in range(50)
+    ]
+    looks: list[str] = []
+
+    def built(name: str, *_: object) -> bool:
+        looks.append(name)
+        return False
+
+    after = prerequisites(tasks, specs, built)
+    assert len(after) == 50
+    assert looks == ["replay"]

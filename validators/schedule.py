@@ -154,6 +154,14 @@ def prerequisites(
     """
     from opgate.validators.cuda_build import library_name
 
+    looked: dict[tuple[str, tuple[str, ...], str], bool] = {}  # one look per library, not per cell
+
+    def in_cache(name: str, sources: Any, impl: Any) -> bool:
+        key = (name, tuple(str(s) for s in sources), repr(getattr(impl, "arch_policy", None)))
+        if key not in looked:
+            looked[key] = built(name, sources, impl)
+        return looked[key]
+
     builds: dict[tuple[str, str], list[str]] = {}
     makes: dict[str, set[str]] = {}  # library name -> the build cells that build it
     for task in tasks:
@@ -170,10 +178,10 @@ def prerequisites(
         impl = _impl(specs, task.cell.op, task.cell.impl)
         need: set[str] = set()
         own = library_name(task.cell.op, task.cell.impl)
-        if getattr(impl, "kind", "") == "cuda" and not built(own, impl.sources, impl):
+        if getattr(impl, "kind", "") == "cuda" and not in_cache(own, impl.sources, impl):
             need |= set(builds.get((task.cell.op, task.cell.impl), ()))
         for lib in getattr(impl, "libraries", ()):
-            if not built(lib.name, lib.sources, impl):
+            if not in_cache(lib.name, lib.sources, impl):
                 need |= makes.get(lib.name, set())
         if need:
             after[task.cell.id] = frozenset(need)
