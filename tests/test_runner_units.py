@@ -398,3 +398,28 @@ def test_gpu_lanes_first_workers_start_while_the_run_plans(
     runner._prefork(cuda_cells)
     assert [name for _, name, _ in servers.early] == forked
     assert all(kind == "cuda" and gpu is H200 for kind, _, gpu in servers.early)
+
+
+@pytest.mark.parametrize(("gpus", "builds"), [([H200], True), ([], False)])
+def test_build_cells_build_spec_libraries_only_in_a_run_with_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: list[Gpu], *, builds: bool
+) -> None:
+    """A spec's ``libraries`` are for GPU cells: on a CPU machine no worker is told to build them."""
+    from opgate.validators import runner as runner_module
+    from opgate.validators.cuda_build import LIBRARIES_VARIABLE
+
+    started: list[WorkerConfig] = []
+
+    class Recorded:
+        def __init__(self, config: WorkerConfig) -> None:
+            started.append(config)
+
+        def prestart(self, kinds: list[str]) -> None:
+            pass
+
+    monkeypatch.setattr(runner_module, "Launcher", Recorded)
+    runner = runner_module.Runner(RunOptions(out=tmp_path / "out", config=None, gpu_workers=2))
+    runner._gpus = gpus
+    runner._start_servers({"build", "cuda"} if gpus else {"build", "cpu"})
+    (config,) = started
+    assert config.env("build", None).get(LIBRARIES_VARIABLE) == ("1" if builds else None)

@@ -48,6 +48,9 @@ SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp")
 EXTRA_CFLAGS = ("-O3",)
 EXTRA_CUDA_CFLAGS = ("-O3",)
 MARKER = "opgate-build.json"
+#: Set for the workers of a run with GPUs (by the runner): build cells build the C++ libraries
+#: specs declare (``implementations.*.libraries``), which only GPU cells load.
+LIBRARIES_VARIABLE = "OPGATE_BUILD_LIBRARIES"
 
 
 __all__ = ["CudaBuildUnsupported", "install"]

@@ -47,6 +47,7 @@ from opgate.validators.breakdown import breakdown
 from opgate.validators.cache import VerdictCache, environment_identity
 from opgate.validators.cache import default_root as default_cache_root
 from opgate.validators.collect import SKIPPED_FILE, write_planned, write_run
+from opgate.validators.cuda_build import LIBRARIES_VARIABLE, looks_built
 from opgate.validators.device import Gpu, MachineShare, Placement, plan_cells
 from opgate.validators.lanes import gpu_lanes
 from opgate.validators.limits import memory_for, timeout_for
@@ -93,14 +94,8 @@ def _counted(steps: Iterator[list[Task]], progress: Progress) -> Iterator[list[T
         yield more
 
 
-#: Set for the workers of a run with GPUs: build cells build the libraries specs declare.
-LIBRARIES_VARIABLE = "OPGATE_BUILD_LIBRARIES"
-
-
 def _built_already(name: str, sources: Any, impl: Any) -> bool:
     """Whether library ``name`` of ``impl`` is in the build cache for this torch (no torch import)."""
-    from opgate.validators.cuda_build import looks_built
-
     sass = list(impl.arch_policy.get("sass") or [])
     ptx = bool(impl.arch_policy.get("ptx", False))
     return looks_built(name, sources, sass, ptx, device.installed_torch())

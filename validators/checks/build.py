@@ -93,11 +93,12 @@ def _libraries(impl: ImplSpec) -> list[dict[str, Any]]:
     """
     if not impl.libraries:
         return []
-    if os.environ.get("OPGATE_BUILD_LIBRARIES") != "1":  # set by a run with GPUs (validators.runner)
+    from opgate.validators import cuda_build as cb
+
+    if os.environ.get(cb.LIBRARIES_VARIABLE) != "1":  # set by a run with GPUs (validators.runner)
         return [
             {"name": lib.name, "state": "not built: no GPU in this run loads it"} for lib in impl.libraries
         ]
-    from opgate.validators import cuda_build as cb
 
     sass = list(impl.arch_policy.get("sass") or [])
     ptx = bool(impl.arch_policy.get("ptx", False))
