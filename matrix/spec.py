@@ -113,6 +113,16 @@ class ImplSpec:
     libraries: tuple[Library, ...] = ()
 
     @property
+    def sass(self) -> list[str]:
+        """The arches whose SASS the binaries must hold (``arch_policy.sass``; [] when unsaid)."""
+        return list(self.arch_policy.get("sass") or [])
+
+    @property
+    def ptx(self) -> bool:
+        """Whether the binaries must hold PTX of each claimed arch too (``arch_policy.ptx``)."""
+        return bool(self.arch_policy.get("ptx", False))
+
+    @property
     def audits_binaries(self) -> bool:
         """An external implementation whose spec names binaries has ``build`` cells."""
         b = self.binaries

@@ -134,18 +134,21 @@ def cache_root() -> Path:
     return Path(env) if env else user_cache_dir() / "builds"
 
 
+def _what_key(name: str, sources: Sequence[Path], sass: Sequence[str], ptx: bool) -> dict[str, str]:
+    """The part of a build key that says what is built, known without torch or a toolchain."""
+    return {"name": name, "arch_list": arch_list(sass, ptx), "sources": source_hash(sources)}
+
+
 def build_key(
     name: str, sources: Sequence[Path], sass: Sequence[str], ptx: bool, tc: Toolchain
 ) -> dict[str, str]:
     import torch
 
     return {
-        "name": name,
+        **_what_key(name, sources, sass, ptx),
         "torch": torch.__version__,
         "torch_cuda": str(torch.version.cuda),
         "nvcc": tc.release,
-        "arch_list": arch_list(sass, ptx),
-        "sources": source_hash(sources),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }
 
@@ -288,8 +291,7 @@ def looks_built(
     the build cell).
     """
     try:
-        want = {"name": name, "sources": source_hash([Path(s).resolve() for s in sources])}
-        want["arch_list"] = arch_list(sass, ptx)
+        want = _what_key(name, [Path(s).resolve() for s in sources], sass, ptx)
     except (OSError, ValueError):
         return False
     for marker in cache_root().glob(f"{name}-*/{MARKER}"):
@@ -379,9 +381,7 @@ def load_for_spec(module_name: str) -> BuiltExtension:
     if len(impls) != 1:
         raise ValueError(f"{spec_path}: expected one cuda implementation with module {module_name}")
     impl = impls[0]
-    sass = list(impl.arch_policy.get("sass") or [])
-    ptx = bool(impl.arch_policy.get("ptx", False))
-    return load_library(library_name(spec.op, impl.name), impl.sources, sass, ptx)
+    return load_library(library_name(spec.op, impl.name), impl.sources, impl.sass, impl.ptx)
 
 
 class _Builder:

@@ -83,7 +83,8 @@ class CheckResult:
     details: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
     #: of ``duration_s``: blocked while another worker compiled a Triton kernel this check needed
-    #: (:mod:`validators.tritoncache`); the run breakdown counts it as waiting, not as work
+    #: (:mod:`validators.tritoncache`) or built a library it loads (:mod:`validators.cuda_build`);
+    #: the run breakdown counts it as waiting, not as work
     waited_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:

@@ -96,9 +96,7 @@ def _counted(steps: Iterator[list[Task]], progress: Progress) -> Iterator[list[T
 
 def _built_already(name: str, sources: Any, impl: Any) -> bool:
     """Whether library ``name`` of ``impl`` is in the build cache for this torch (no torch import)."""
-    sass = list(impl.arch_policy.get("sass") or [])
-    ptx = bool(impl.arch_policy.get("ptx", False))
-    return looks_built(name, sources, sass, ptx, device.installed_torch())
+    return looks_built(name, sources, impl.sass, impl.ptx, device.installed_torch())
 
 
 def _now() -> str:

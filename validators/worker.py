@@ -325,7 +325,7 @@ def preload(
         if for_forks:
             if hashing is not None:
                 hashing.join()  # no thread may be running when the server forks
-            precompute_keys(kind, modules, triton_done=hashing is not None)
+            precompute_keys(kind, modules)
 
         from opgate.matrix.spec import load_specs
         from opgate.validators.checks import run_cell
@@ -362,7 +362,7 @@ def precompute_triton_keys(kind: str) -> None:
                 get_ptxas_version(arch)
 
 
-def precompute_keys(kind: str, modules: Sequence[str], *, triton_done: bool = False) -> None:
+def precompute_keys(kind: str, modules: Sequence[str]) -> None:
     """Compute once, before any fork, what every process pays for in its first compile.
 
     Triton keys its cache on a hash of all of ``libtriton.so`` (~500 MB read)
@@ -381,10 +381,9 @@ def precompute_keys(kind: str, modules: Sequence[str], *, triton_done: bool = Fa
     build server: a build cell's cross-compile runs its own CUDA toolkit's
     ptxas (``TRITON_PTXAS_PATH``), and Triton would keep the server's version.
     A failure is left for the cell, which then computes the value itself.
-    ``triton_done``: :func:`precompute_triton_keys` ran already.
+    Triton's part (:func:`precompute_triton_keys`) ran on a thread of
+    :func:`preload` meanwhile, started as soon as Triton was imported.
     """
-    if "triton" in modules and not triton_done:
-        precompute_triton_keys(kind)
     if "torch._inductor.compile_fx" in modules:
         with contextlib.suppress(Exception):
             from torch._inductor import codecache

@@ -145,9 +145,7 @@ def run_check(check: Check, ctx: CellContext) -> CheckResult:
     except Exception as exc:  # noqa: BLE001 - a crashing check or op is this check's error, nothing more
         result = error_result(check.name, exc)
     result.duration_s = round(time.perf_counter() - t0, 4)
-    waited = waited_s() - waited_before
-    if waited >= 0.0005:
-        result.waited_s = round(min(waited, result.duration_s), 3)
+    charge_waits(result, waited_before)
     return with_hints(result)
 
 
@@ -157,6 +155,13 @@ def waited_s() -> float:
     from opgate.validators.cuda_build import BUILD_WAIT_SECONDS
 
     return BUILD_WAIT_SECONDS[0] + tritoncache.WAIT_SECONDS[0]
+
+
+def charge_waits(result: CheckResult, waited_before: float) -> None:
+    """Record on ``result`` what this worker waited since ``waited_s()`` read ``waited_before``."""
+    waited = waited_s() - waited_before
+    if waited >= 0.0005:
+        result.waited_s = round(min(waited, result.duration_s), 3)
 
 
 def with_hints(result: CheckResult) -> CheckResult:

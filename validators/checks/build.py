@@ -57,7 +57,7 @@ def run_build_cell(cell: Cell, spec: OpSpec, workdir: Path) -> CellOutcome:  # n
     impl = spec.implementations[cell.impl]
     if cell.arch == "cpu":
         return _outcome(Verdict.SKIP, "build cells target a GPU arch, not cpu", {}, start)
-    sass = list(impl.arch_policy.get("sass") or [cell.arch])
+    sass = impl.sass or [cell.arch]
     if cell.arch not in sass:
         return _outcome(
             Verdict.UNSUPPORTED, f"arch_policy of {impl.name} claims {sass}, not {cell.arch}", {}, start
@@ -100,15 +100,12 @@ def _libraries(impl: ImplSpec) -> list[dict[str, Any]]:
             {"name": lib.name, "state": "not built: no GPU in this run loads it"} for lib in impl.libraries
         ]
 
-    sass = list(impl.arch_policy.get("sass") or [])
-    ptx = bool(impl.arch_policy.get("ptx", False))
     found: list[dict[str, Any]] = []
     for lib in impl.libraries:
         entry: dict[str, Any] = {"name": lib.name}
         try:
-            built = cb.build(
-                lib.name, lib.sources, sass, ptx, cb.default_toolchain(install=False), wait=False
-            )
+            toolchain = cb.default_toolchain(install=False)
+            built = cb.build(lib.name, lib.sources, impl.sass, impl.ptx, toolchain, wait=False)
         except cb.BuildBusy:
             entry["state"] = "being built by another process"
         except cb.CudaBuildUnsupported as exc:
@@ -154,7 +151,7 @@ def _cuda_cell(cell: Cell, spec: OpSpec, impl: ImplSpec, sass: list[str], start:
     from opgate.validators.binaries import kernels_by_arch, list_arches
     from opgate.validators.toolchain import ToolchainUnavailable, ensure_nvcc
 
-    ptx = bool(impl.arch_policy.get("ptx", False))
+    ptx = impl.ptx
     details: dict[str, Any] = {
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from opgate.matrix.modes import MODES
 from opgate.matrix.modes import mode as mode_of
 from opgate.validators.checks import torchlog
-from opgate.validators.checks.base import waited_s
+from opgate.validators.checks.base import charge_waits, waited_s
 from opgate.validators.interpreted_triton_op import support_triton_ops
 from opgate.validators.interpreter import round_bf16_to_nearest
 from opgate.validators.result import CheckResult, Verdict
@@ -144,9 +144,8 @@ def _build_outcome(cell: Cell, spec: OpSpec, device: str, seed: int, workdir: Pa
         return CellOutcome([], [], "no build check is installed in this opgate", Verdict.SKIP)
     waited_before = waited_s()
     outcome: CellOutcome = build.run_cell(cell, spec, device, seed, workdir)
-    waited = waited_s() - waited_before
-    if waited >= 0.0005 and outcome.checks:  # a build cell's one check: its lock waits are waits
-        outcome.checks[0].waited_s = round(min(waited, outcome.checks[0].duration_s), 3)
+    if outcome.checks:  # a build cell's one check: its lock waits are waits
+        charge_waits(outcome.checks[0], waited_before)
     return outcome
 
 

@@ -89,7 +89,7 @@ def _judge_files(
     """Every file judged for the cell's arch; the cell takes the worst verdict."""
     from opgate.validators.binaries import kernels_by_arch, list_arches
 
-    ptx = bool(impl.arch_policy.get("ptx", False))
+    ptx = impl.ptx
     expect = tuple(impl.evidence_for("cuda", "eager").expect)
     per_file: list[dict[str, Any]] = []
     worst, lines = Verdict.PASS, []
