@@ -14,7 +14,13 @@ touched or reused):
     one-op    after a change to one op's kernel source (--probe), verdict cache on
     nothing   nothing changed since: every verdict served from the cache
 
-and writes ``speed.json`` and ``speed.md``: per scenario the wall time of the
+Python's bytecode is not one of those caches: where the interpreter keeps none
+(``PYTHONDONTWRITEBYTECODE`` images), ``opgate run`` keeps it in opgate's user
+cache folder (:mod:`opgate.validators.bytecode`), as an image without that
+setting keeps ``.pyc`` files beside its sources, and cold does not empty it.
+``.ci/gpu``'s ``bytecode`` step measures what the first run on a machine pays.
+
+It writes ``speed.json`` and ``speed.md``: per scenario the wall time of the
 whole ``opgate run`` process and of the run itself, the CPU time of the
 process tree, the cells run and cached, the time breakdown (``opgate
 breakdown``) with the harness share of ``wall x busy lanes``, and the machine's
@@ -92,6 +98,7 @@ def _run(name: str, out: Path, args: list[str], env: dict[str, str]) -> dict[str
     record["timings"] = run.get("timings", {})
     record["fork_server_preload_s"] = run.get("fork_server_preload_s", {})
     record["warm_servers"] = run.get("warm_servers", {})
+    record["bytecode_cache"] = run.get("bytecode_cache", {})
     record["breakdown"] = run.get("breakdown", {})
     record["workers"] = len(run.get("workers") or [])
     record["standby_workers"] = sum("standby" in w for w in run.get("workers") or [])  # warm before the run
@@ -233,6 +240,23 @@ def _scenarios(
     return records, one, nothing
 
 
+def _env(caches: Path) -> dict[str, str]:
+    """The runs' environment: private build, compile and verdict caches under ``caches``."""
+    env = {
+        **os.environ,
+        "TRITON_CACHE_DIR": str(caches / "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+        "OPGATE_BUILD_CACHE": str(caches / "builds"),
+        "OPGATE_CACHE": str(caches / "verdicts"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("CCACHE_DIR", None)  # the private build cache's ccache, or cold would not be cold
+    from opgate.validators import bytecode
+
+    bytecode.apply(env)  # as every `opgate run` does: the import profile then shows what the servers pay
+    return env
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--out", type=Path, required=True)
@@ -252,15 +276,7 @@ def main() -> int:
     KEEP_RUNS, GAP_S = args.keep_runs, args.gap
     out = args.out.resolve()
     caches = out / "cache"
-    env = {
-        **os.environ,
-        "TRITON_CACHE_DIR": str(caches / "triton"),
-        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
-        "OPGATE_BUILD_CACHE": str(caches / "builds"),
-        "OPGATE_CACHE": str(caches / "verdicts"),
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("CCACHE_DIR", None)  # the private build cache's ccache, or cold would not be cold
+    env = _env(caches)
     run_args = [a for g in args.select for a in ("--select", g)] + [a for a in args.rest if a != "--"]
     if not args.skip_cold:
         shutil.rmtree(caches, ignore_errors=True)

@@ -12,6 +12,7 @@ import pytest
 from junitparser import JUnitXml
 
 from opgate.matrix.errors import ConfigError, SelectionEmpty, UsageError
+from opgate.validators import bytecode
 from opgate.validators.result import RunResults, Verdict
 
 pytestmark = pytest.mark.integration
@@ -60,6 +61,8 @@ def test_gpu_cells_skip_here_and_other_torch_cells_are_left_out(tmp_path: Path) 
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["other_torch_cells"] == 13  # the 2.99 column: another session's job
     assert record["workers"] == []  # nothing to run: no worker was started
+    # the same interpreter decides the same: a bytecode cache only where it keeps none
+    assert record["bytecode_cache"] == bytecode.decide(dict(os.environ)).to_json()
     assert "13 cells of another torch version left out" in proc.stdout
     assert results.env["env_key"].startswith("pt")
     assert results.env["gpus"] == []

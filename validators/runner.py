@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import CellsFailed
 from opgate.matrix.files import write_output
-from opgate.validators import controls, device, env, retry_gate
+from opgate.validators import bytecode, controls, device, env, retry_gate
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
 from opgate.validators.breakdown import breakdown
 from opgate.validators.cache import VerdictCache, environment_identity
@@ -138,6 +138,7 @@ class Runner:
         self.changes: Affected | None = None
         self.timings: dict[str, float] = {}
         self._t0 = time.monotonic()  # the run's start (reset by execute)
+        self._bytecode = bytecode.Decision(None, "not decided: the run did not start")
 
     def env(self) -> dict[str, Any]:
         """The fingerprint: the GPU probe's, a worker's, a cached record's, the last run's, or a probe."""
@@ -183,6 +184,7 @@ class Runner:
     def _execute(self) -> tuple[RunResults, int]:
         t0, started = time.monotonic(), _now()
         self._t0 = self._served_at = t0
+        self._bytecode = bytecode.apply()  # before any child process imports torch (probe, servers)
         self._prepare()
         if self.changes is not None:
             _say(f"opgate: {self.changes.describe()}")
@@ -544,6 +546,8 @@ class Runner:
             "warm_servers": dict(self._launcher.warm) if self._launcher else {},
             # how the workers' C++ compiles were cached (validators/compilercache.py), or why not
             "compiler_cache": self._launcher.config.compiler_cache().record() if self._launcher else {},
+            # where the run's processes cached Python bytecode, or why they did not (validators/bytecode.py)
+            "bytecode_cache": self._bytecode.to_json(),
             "other_torch_cells": self._plan.other_torch,
             "cached_cells": self.cached,
             # times from the run's start: a lane's wait for its first worker includes the planning
