@@ -64,6 +64,11 @@ def default_root() -> Path:
     return Path(env) if env else user_cache_dir() / "verdicts"
 
 
+def identity_digest(identity: Mapping[str, Any]) -> str:
+    """16 hex digits for an environment identity (:func:`environment_identity`): its files' name."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def tree_digest(files: Iterable[Path], base: Path) -> str:
     h = hashlib.sha256()
     for path in files:
@@ -103,7 +108,13 @@ class VerdictCache:
         self._ops: dict[str, str] = {}
         self._keys: dict[tuple[str, str, str], str] = {}  # a run asks for each key twice (has, get)
 
-    def _op_digest(self, spec: Any) -> str:
+    @property
+    def environment_digest(self) -> str:
+        """16 hex digits naming this environment's files beside the cache (history, Triton variants)."""
+        return identity_digest(json.loads(self._env))
+
+    def op_digest(self, spec: Any) -> str:
+        """The digest of an op's sources (spec, modules, libraries): what a verdict of it rests on."""
         path = str(spec.path)  # asked per cell: no resolve() (a realpath per call) in the lookup
         if path not in self._ops:
             h = hashlib.sha256()
@@ -123,7 +134,7 @@ class VerdictCache:
         material = {
             "cache_version": CACHE_VERSION,
             "cell": cell.to_json(),
-            "op": self._op_digest(spec),
+            "op": self.op_digest(spec),
             "requires": requires,
             "validators": self._validators,
             "env": self._env,

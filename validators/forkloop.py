@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from opgate.validators.forkserver import MAX_MSG
-from opgate.validators.warmserver import KEYED_NAMES, KEYED_PREFIXES
+from opgate.validators.warmserver import keyed
 
 #: ``OPGATE_STANDBY`` values -> the worker kinds a warm server keeps standby workers for.  GPU
 #: workers by default: what they make before their first cell (a CUDA context) is worth
@@ -459,8 +459,7 @@ def _standby_key(req: Mapping[str, Any], default_kind: str) -> str:
     ``CUDA_VISIBLE_DEVICES``).  The rest of the request's environment is applied when it is taken.
     """
     env = req.get("env", {})
-    keyed = sorted((k, v) for k, v in env.items() if k in KEYED_NAMES or k.startswith(KEYED_PREFIXES))
-    return json.dumps([req.get("kind") or default_kind, keyed])
+    return json.dumps([req.get("kind") or default_kind, keyed(env)])
 
 
 def _leave_server() -> None:

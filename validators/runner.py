@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import CellsFailed
 from opgate.matrix.files import write_output
-from opgate.validators import bytecode, controls, device, env, retry_gate
+from opgate.validators import bytecode, controls, device, env, retry_gate, tritonvariants
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
 from opgate.validators.breakdown import breakdown
 from opgate.validators.cache import VerdictCache, environment_identity
@@ -139,6 +139,9 @@ class Runner:
         self.timings: dict[str, float] = {}
         self._t0 = time.monotonic()  # the run's start (reset by execute)
         self._bytecode = bytecode.Decision(None, "not decided: the run did not start")
+        self._variants_dir = self.out / "work" / "triton-variants"  # what this run's GPU workers compiled
+        self._precompile: tritonvariants.Precompile | None = None
+        self._precompiled: dict[str, Any] = {}
 
     def env(self) -> dict[str, Any]:
         """The fingerprint: the GPU probe's, a worker's, a cached record's, the last run's, or a probe."""
@@ -322,7 +325,10 @@ class Runner:
             keep_warm_s=60.0 * (self.options.keep_warm_min or 0.0),
             # a spec's ``libraries`` are for GPU cells to load: built by build cells only where some
             # GPU can load them (on a CPU machine a CUDA torch's build cell would compile C++ for nobody)
-            extra_env={LIBRARIES_VARIABLE: "1"} if gpus else {},
+            # and their Triton variants recorded for the next run of their op (validators/tritonvariants.py)
+            extra_env={LIBRARIES_VARIABLE: "1", tritonvariants.RUN_VARIABLE: str(self._variants_dir)}
+            if gpus
+            else {},
         )
         self._launcher = Launcher(config)
         self._launcher.prestart(sorted(kinds))
@@ -386,6 +392,7 @@ class Runner:
             progress.update(result)
             return self._control_tasks(result)
 
+        self._start_precompile(tasks, lanes + host)
         t = time.monotonic()
         try:
             after = prerequisites(tasks, self._specs, _built_already)
@@ -396,6 +403,33 @@ class Runner:
             progress.close()
             self.timings["pool_s"] = time.monotonic() - t
             self.timings["shutdown_s"] = pool.shutdown_s
+            if self._precompile is not None:
+                self._precompiled = self._precompile.stop()
+            self._store_variants(tasks)
+
+    def _start_precompile(self, tasks: Sequence[Task], lanes: int) -> None:
+        """Compile the changed ops' Triton variants on the cores the lanes leave idle (tritonvariants)."""
+        if not self._gpus or self._launcher is None or self._cache is None:
+            return
+        digests = tritonvariants.gpu_ops(tasks, self._specs, self._cache.op_digest)
+        self._precompile = tritonvariants.start(
+            self.out / "work" / "precompile",
+            tritonvariants.Store.beside(self._cache).changed(digests),
+            cores=len(os.sched_getaffinity(0)) - lanes,
+            env=self._launcher.config.env("cuda", self._gpus[0]),
+            sys_path=sorted({str(s.root) for s in self._specs.values() if getattr(s, "root", None)}),
+            python=self.python,
+        )
+
+    def _store_variants(self, tasks: Sequence[Task]) -> None:
+        """What this run's GPU cells compiled, kept for their op's next change (a read-only cache: not)."""
+        if self._cache is None or not self._variants_dir.is_dir():
+            return
+        digests = tritonvariants.gpu_ops(tasks, self._specs, self._cache.op_digest)
+        with contextlib.suppress(OSError):
+            self._precompiled["recorded"] = tritonvariants.Store.beside(self._cache).merge(
+                self._variants_dir, digests
+            )
 
     def _retry_or_wait(self, task: Task, views: list[AttemptView], settle: Settle) -> list[Task]:
         """A re-run now, or the control first and the re-run after it (:mod:`validators.retry_gate`)."""
@@ -548,6 +582,8 @@ class Runner:
             "compiler_cache": self._launcher.config.compiler_cache().record() if self._launcher else {},
             # where the run's processes cached Python bytecode, or why they did not (validators/bytecode.py)
             "bytecode_cache": self._bytecode.to_json(),
+            # the changed ops' Triton variants compiled ahead of their cells, and what the run recorded
+            "triton_precompile": self._precompiled,
             "other_torch_cells": self._plan.other_torch,
             "cached_cells": self.cached,
             # times from the run's start: a lane's wait for its first worker includes the planning

@@ -17,7 +17,6 @@ cost the most it ever took here (its cold compile), not its last, warm, run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from opgate.matrix.cell import Cell
 from opgate.matrix.plan import estimate
+from opgate.validators.cache import identity_digest
 
 if TYPE_CHECKING:
     from opgate.validators.lanes import Task
@@ -51,8 +51,7 @@ class History:
     @classmethod
     def load(cls, root: Path, identity: Mapping[str, Any]) -> History:
         """The history of environment ``identity`` under ``root`` (empty when absent or unreadable)."""
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-        path = root / "durations" / f"{digest}.json"
+        path = root / "durations" / f"{identity_digest(identity)}.json"
         data = _read(path)
         return cls(path, data.get("durations", {}), data.get("fingerprint", {}), data.get("peaks", {}))
 

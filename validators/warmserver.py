@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from opgate.validators.forkserver import ForkServer
+from opgate.validators.tritonvariants import RUN_VARIABLE
 
 #: Environment variables that can shape what a server imports (read at import time by torch,
 #: Inductor, Triton, the CUDA libraries, Python itself or opgate): part of the server's key.
@@ -73,6 +74,9 @@ KEYED_PREFIXES = (
     "CONDA",
 )
 KEYED_NAMES = frozenset({"PATH", "HOME", "TMPDIR", "CC", "CXX"})
+#: Variables that name one run's own files: a worker reads them when it takes the run's request,
+#: never at import, and a key holding them would match no later run.
+RUN_SCOPED = frozenset({RUN_VARIABLE})
 #: AF_UNIX paths are limited to 108 bytes on Linux.
 MAX_SOCKET_PATH = 100
 CONNECT_TIMEOUT_S = 30.0
@@ -98,10 +102,18 @@ def server_dir() -> Path | None:
     return path
 
 
+def keyed(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The variables of ``env`` that can shape what a server or standby imports, sorted."""
+    return sorted(
+        (k, v)
+        for k, v in env.items()
+        if (k in KEYED_NAMES or k.startswith(KEYED_PREFIXES)) and k not in RUN_SCOPED
+    )
+
+
 def key(argv: Sequence[str], env: Mapping[str, str]) -> str:
     """What a warm server must share with a run to serve it (16 hex digits)."""
-    keyed = sorted((k, v) for k, v in env.items() if k in KEYED_NAMES or k.startswith(KEYED_PREFIXES))
-    blob = json.dumps([os.path.realpath(argv[0]), list(argv[1:]), keyed])
+    blob = json.dumps([os.path.realpath(argv[0]), list(argv[1:]), keyed(env)])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

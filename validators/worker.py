@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from opgate.validators import limits
+from opgate.validators import limits, tritonvariants
 
 #: Process-wide switches a worker must have before torch/triton are imported.
 CPU_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -206,6 +206,7 @@ def run_task(
             if root and root not in sys.path:
                 sys.path.insert(0, root)
             memory_mb = task.get("memory_mb")
+            tritonvariants.set_current(f"{cell.op}.{cell.impl}")  # the variants it compiles are its op's
             try:
                 with limits.limited(memory_mb):
                     outcome = outcome_json(run_cell(cell, spec, device, int(task["seed"]), workdir))
@@ -213,6 +214,8 @@ def run_task(
                 traceback.print_exc()
                 first = (str(exc).splitlines() or [""])[0][:300]
                 outcome = error_outcome(f"validator raised {type(exc).__name__}: {first}")
+            finally:
+                tritonvariants.set_current(None)
             if memory_mb and limits.exhausted(outcome):
                 over = limits.reason(int(memory_mb))
                 print(over, file=sys.stderr)
@@ -474,6 +477,7 @@ def serve_loop(
         torch.set_num_threads(pre.threads)
     if pre.kind == "cuda":
         warm_cuda(torch)
+        tritonvariants.install_recorder()  # the variants its cells compile, for the next run of their op
     hello = {
         "type": "hello",
         "pid": os.getpid(),

@@ -1,0 +1,193 @@
+"""A changed op's Triton variants: recorded by workers, stored per op, compiled ahead from what was stored."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402 - after the skip
+
+from opgate.validators import tritonvariants  # noqa: E402
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _axpy(x, y, out, n, ALPHA: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: PLR0917
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, ALPHA * tl.load(x + offs, mask=mask) + tl.load(y + offs, mask=mask), mask=mask)
+
+
+#: What Triton's binder makes of a launch with fp16 tensors aligned to 16 bytes, ``n % 16 == 0``
+#: and two constexprs; the arguments' values in order.
+SPECIALIZATION = [
+    ("*fp16", "D"),
+    ("*fp16", "D"),
+    ("*fp16", "D"),
+    ("i32", "D"),
+    ("constexpr", 2),
+    ("constexpr", 128),
+]
+BOUND = {"x": None, "y": None, "out": None, "n": 1024, "ALPHA": 2, "BLOCK": 128}
+
+
+def _launch(target: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """The launch's own compile inputs: Triton's ``_pack_args``, as ``JITFunction.run`` calls it."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
+    backend = make_backend(GPUTarget(**target))
+    return _axpy._pack_args(backend, {"num_warps": 4}, BOUND, SPECIALIZATION, None)  # type: ignore[no-any-return]
+
+
+def _variant(target: dict[str, Any]) -> dict[str, Any]:
+    """What a worker's hook records for that launch: Triton's own serialization of those inputs."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.jit import serialize_specialization_data
+
+    options, signature, constexprs, attrs = _launch(target)
+    args = ["_axpy", signature, constexprs, attrs, options, "key"]
+    try:
+        data = serialize_specialization_data(*args, GPUTarget(**target))  # Triton >= 3.7 stores it
+    except TypeError:
+        data = serialize_specialization_data(*args)
+    return {"module": __name__, "name": "_axpy", "data": data, "target": target}
+
+
+def _cache_entries(cache: Path) -> set[str]:
+    return {p.parent.name for p in cache.rglob("*.cubin")}
+
+
+@pytest.mark.integration
+def test_a_stored_variant_compiles_into_the_cache_key_its_launch_would_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile  # noqa: A004
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    target = {"backend": "cuda", "arch": 90, "warp_size": 32}
+    tritonvariants.compile_variant(_variant(target))
+    made = _cache_entries(tmp_path / "triton")
+    assert len(made) == 1  # one variant, one sm_90 cubin
+    # the launch's own compile (JITFunction._do_compile): the objects before any JSON
+    options, signature, constexprs, attrs = _launch(target)
+    src = ASTSource(_axpy, signature, constexprs, attrs)
+    compile(src, target=GPUTarget(**target), options=options.__dict__)
+    assert _cache_entries(tmp_path / "triton") == made  # a hit: nothing compiled again
+
+
+@pytest.mark.integration
+def test_precompile_processes_compile_their_share_and_report_a_stale_variant(tmp_path: Path) -> None:
+    good = _variant({"backend": "cuda", "arch": 90, "warp_size": 32})
+    stale = {**good, "name": "_renamed_kernel"}  # the kernel it was recorded for is gone
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    here = str(Path(__file__).resolve().parent.parent)  # where this module is `tests.test_tritonvariants`
+    todo = {"axpy.triton": [good, stale]}
+    run = tritonvariants.start(
+        tmp_path / "work", todo, cores=8, env=env, sys_path=[here], python=sys.executable
+    )
+    assert run is not None
+    assert len(run.procs) == 1  # two variants: one process (PER_PROCESS)
+    run.procs[0].wait(timeout=300)
+    summary = run.stop()
+    assert (summary["compiled"], summary["failed"], summary["unfinished"]) == (1, 1, 0)
+    assert "_renamed_kernel" in (tmp_path / "work" / "precompile-0.log").read_text()
+    assert len(_cache_entries(tmp_path / "triton")) == 1
+
+
+def test_no_variants_or_no_core_starts_nothing(tmp_path: Path) -> None:
+    assert tritonvariants.start(tmp_path, {}, cores=8, env={}, sys_path=[]) is None
+    assert tritonvariants.start(tmp_path, {"a.triton": []}, cores=8, env={}, sys_path=[]) is None
+    off = {tritonvariants.SWITCH: "0"}
+    assert tritonvariants.start(tmp_path, {"a.triton": [{}] * 9}, cores=8, env=off, sys_path=[]) is None
+    assert not list(tmp_path.iterdir())  # nothing written either
+
+
+def _hook_call(module: str, name: str, data: str) -> dict[str, Any]:
+    return {"fn": SimpleNamespace(module=module, name=name), "compile": {"specialization_data": data}}
+
+
+def test_recorder_tags_each_variant_with_the_running_cells_op(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from triton import knobs
+
+    seen: list[str] = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: seen.append(kw["fn"].name))
+    monkeypatch.setattr(tritonvariants, "_target", [{"backend": "cuda", "arch": 90, "warp_size": 32}])
+    monkeypatch.setattr(tritonvariants, "_recorded", set())
+    assert tritonvariants.install_recorder({tritonvariants.RUN_VARIABLE: str(tmp_path)})
+    hook = knobs.runtime.jit_cache_hook
+    hook(**_hook_call("m", "before_any_cell", "{}"))  # between cells: not an op's
+    tritonvariants.set_current("rope.triton")
+    for name in ("k1", "k1", "k2"):  # a variant compiled twice is recorded once
+        assert hook(**_hook_call("m", name, json.dumps({"n": name}))) is None  # never skips a compile
+    hook(**_hook_call("m", "f.<locals>.k", "{}"))  # a fresh process could not import it
+    tritonvariants.set_current(None)
+    assert seen == ["before_any_cell", "k1", "k1", "k2", "f.<locals>.k"]  # the hook set before still runs
+    lines = [json.loads(x) for x in (tmp_path / "rope.triton.jsonl").read_text().splitlines()]
+    assert [x["name"] for x in lines] == ["k1", "k2"]
+    assert [p.name for p in tmp_path.iterdir()] == ["rope.triton.jsonl"]
+
+
+def test_store_merges_newest_first_and_knows_what_changed(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def variant(n: int) -> dict[str, Any]:
+        return {"module": "m", "name": f"k{n}", "data": "{}", "target": {}}
+
+    (run / "rope.triton.jsonl").write_text(
+        "\n".join(json.dumps(variant(n)) for n in (1, 2, 1)) + "\nnot json\n"
+    )
+    (run / "other.triton.jsonl").write_text(json.dumps(variant(9)) + "\n")
+    store = tritonvariants.Store(tmp_path / "store")
+    assert store.merge(run, {"rope.triton": "d1"}) == {"rope.triton": 2}  # only the run's GPU ops
+    assert store.read("rope.triton") == ("d1", [variant(1), variant(2)])
+    assert store.read("other.triton") == ("", [])
+    (run / "rope.triton.jsonl").write_text(json.dumps(variant(3)) + "\n")
+    store.merge(run, {"rope.triton": "d2"})
+    assert store.read("rope.triton") == ("d2", [variant(3), variant(1), variant(2)])
+    assert store.changed({"rope.triton": "d2"}) == {}  # compiled by the run that stored them
+    assert store.changed({"rope.triton": "d3", "new.triton": "x"}) == {
+        "rope.triton": store.read("rope.triton")[1]
+    }
+
+
+def test_the_precompile_child_reports_running_totals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def fake_compile(variant: dict[str, Any]) -> None:
+        calls.append(variant["name"])
+        if variant["name"] == "bad":
+            raise ValueError("no such parameter")
+
+    monkeypatch.setattr(tritonvariants, "compile_variant", fake_compile)
+    job = tmp_path / "job.json"
+    job.write_text(
+        json.dumps({"sys_path": [], "variants": [{"module": "m", "name": n} for n in ("a", "bad")]})
+    )
+    out = tmp_path / "out"
+    with out.open("w") as f:
+        assert tritonvariants.main([str(job)], out=f) == 0
+    assert [json.loads(x) for x in out.read_text().splitlines()] == [
+        {"compiled": 1, "failed": 0, "of": 2},
+        {"compiled": 1, "failed": 1, "of": 2},
+    ]
+    assert calls == ["a", "bad"]
+
+
+def test_run_scoped_folder_is_not_part_of_a_warm_servers_key() -> None:
+    from opgate.validators import warmserver
+
+    env = {"TRITON_CACHE_DIR": "/c", tritonvariants.RUN_VARIABLE: "/out/a/work/triton-variants"}
+    other_run = {**env, tritonvariants.RUN_VARIABLE: "/out/b/work/triton-variants"}
+    assert warmserver.key(["python"], env) == warmserver.key(["python"], other_run)
+    assert warmserver.key(["python"], env) != warmserver.key(["python"], {**env, "TRITON_CACHE_DIR": "/d"})

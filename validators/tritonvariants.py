@@ -1,0 +1,328 @@
+"""A changed op's Triton kernel variants, compiled ahead of its cells on the cores the lanes leave idle.
+
+Why: after a change to one op's kernel, each of its cells compiles, at its
+first launch, the kernel variants it needs (one per dtype, alignment and
+constexpr set), on its own lane, one after the other.  On the H200, rope's 85
+cells took 91.6 lane-s in a one-op run against 65.9 with the same kernels
+already compiled; ``fake_meta``'s first launches alone took 14.2 lane-s more.
+The variants are known before the run starts: the last run that ran the op
+compiled them.
+
+How:
+
+* **Recording.**  A GPU worker sets Triton's ``jit_cache_hook`` (chained to a
+  hook already set).  Triton calls it before it compiles a kernel variant in
+  that process, with the variant's specialization data: Triton's own
+  serialization, what ``JITFunction.preload`` reads.  The hook appends it,
+  with the kernel's module and name, the device's target and the op of the
+  cell that is running, to a file of the run (``RUN_VARIABLE``).  It never
+  blocks a compile: it returns None, as Triton expects of a hook that lets it
+  compile.
+* **Storing.**  At the end of the run, each op's recorded variants are merged
+  into a store beside the verdict cache (one folder per environment identity,
+  one file per op implementation), with the op's source digest then.
+* **Precompiling.**  At the start of a run with GPUs, an op implementation with
+  cells to run whose source digest differs from the stored one has changed:
+  processes (one per idle core, at most one per :data:`PER_PROCESS` variants)
+  import its kernels' modules and compile each stored variant with
+  ``triton.compile`` for the stored target.  It is the compile the cell's
+  first launch would do, with the same cache key, into the same Triton
+  cache: the cell finds the variant compiled, or waits for the compile under
+  way (:mod:`validators.tritoncache`'s lock) instead of doing it again.
+  Nothing waits for these processes: the run kills them when it ends, and a
+  variant that no longer fits its kernel (a parameter renamed) fails alone,
+  in their log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+#: The run's folder the workers record into (set by the runner for a run with GPUs).
+RUN_VARIABLE = "OPGATE_TRITON_VARIANTS"
+#: ``OPGATE_TRITON_PRECOMPILE=0``: record, but compile nothing ahead (the cells compile their own).
+SWITCH = "OPGATE_TRITON_PRECOMPILE"
+OFF_VALUES = frozenset({"0", "false", "no", "off"})
+#: The most variants one op implementation keeps in the store (the newest first).
+MAX_STORED = 512
+#: A precompile process takes at least this many variants: below that, its imports cost
+#: more than the compiles it would take from the lanes.
+PER_PROCESS = 4
+STORE_VERSION = 1
+
+_current: list[str] = []  # the running cell's op implementation ("rope.triton"), or empty
+_recorded: set[tuple[str, str]] = set()  # (op implementation, line) this process appended already
+_target: list[dict[str, Any]] = []  # the device target, asked once
+
+
+def set_current(tag: str | None) -> None:
+    """The worker says which op implementation's cell runs now (None between cells)."""
+    _current[:] = [tag] if tag else []
+
+
+def install_recorder(environ: Mapping[str, str] = os.environ) -> bool:
+    """In a GPU worker: record each Triton variant this process compiles (see the module doc)."""
+    folder = environ.get(RUN_VARIABLE)
+    if not folder:
+        return False
+    try:
+        from triton import knobs
+    except ImportError:  # a Triton without knobs (< 3.4): nothing is recorded, nothing changes
+        return False
+    previous = knobs.runtime.jit_cache_hook
+
+    def hook(**kwargs: Any) -> Any:
+        with contextlib.suppress(Exception):  # recording must never break a compile
+            _record(Path(folder), kwargs)
+        return previous(**kwargs) if previous is not None else None
+
+    knobs.runtime.jit_cache_hook = hook
+    return True
+
+
+def _record(folder: Path, kwargs: Mapping[str, Any]) -> None:
+    if not _current:
+        return
+    fn, data = kwargs["fn"], kwargs["compile"]["specialization_data"]
+    if "<locals>" in fn.name or fn.module == "__main__":
+        return  # a fresh process could not find it by name
+    if not _target:
+        from triton.runtime import driver
+
+        _target.append(dict(driver.active.get_current_target().__dict__))
+    line = json.dumps({"module": fn.module, "name": fn.name, "data": data, "target": _target[0]})
+    if (_current[0], line) in _recorded:
+        return
+    _recorded.add((_current[0], line))
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / f"{_current[0]}.jsonl").open("a") as out:
+        out.write(line + "\n")  # one write of one line: lanes appending side by side do not interleave
+
+
+# -- the store --------------------------------------------------------------------------------
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                item = json.loads(line)
+                if isinstance(item, dict) and {"module", "name", "data", "target"} <= item.keys():
+                    out.append(item)
+    return out
+
+
+def _unique(items: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for item in items:
+        seen.setdefault(json.dumps(item, sort_keys=True), dict(item))
+    return list(seen.values())
+
+
+def gpu_ops(
+    tasks: Iterable[Any], specs: Mapping[str, Any], op_digest: Callable[[Any], str]
+) -> dict[str, str]:
+    """The op implementations of a run's GPU cells (``op.impl``) -> their sources' digest now."""
+    ops = {(t.cell.op, t.cell.impl) for t in tasks if t.kind == "cuda" and t.cell.op in specs}
+    return {f"{op}.{impl}": op_digest(specs[op]) for op, impl in sorted(ops)}
+
+
+@dataclass
+class Store:
+    """The variants each op implementation compiled the last times it ran, in one environment."""
+
+    folder: Path
+
+    @classmethod
+    def beside(cls, cache: Any) -> Store:
+        """The store of a verdict cache's environment (``<root>/triton-variants/<environment>``)."""
+        return cls(cache.root / "triton-variants" / cache.environment_digest)
+
+    def changed(self, digests: Mapping[str, str]) -> dict[str, list[dict[str, Any]]]:
+        """The stored variants of the op implementations whose sources changed since they were stored."""
+        out = {}
+        for tag, digest in digests.items():
+            recorded, variants = self.read(tag)
+            if variants and recorded != digest:
+                out[tag] = variants
+        return out
+
+    def read(self, tag: str) -> tuple[str, list[dict[str, Any]]]:
+        """The op's source digest when recorded, and its variants (``("", [])`` when none)."""
+        try:
+            doc = json.loads((self.folder / f"{tag}.json").read_text())
+        except (OSError, ValueError):
+            return "", []
+        if not isinstance(doc, dict) or doc.get("version") != STORE_VERSION:
+            return "", []
+        variants = _unique(v for v in doc.get("variants", []) if isinstance(v, dict))
+        return str(doc.get("op_digest", "")), variants
+
+    def merge(self, run_folder: Path, digests: Mapping[str, str]) -> dict[str, int]:
+        """Merge a finished run's recordings (newest first, at most :data:`MAX_STORED`); counts per op."""
+        counts = {}
+        for path in sorted(run_folder.glob("*.jsonl")):
+            tag = path.stem
+            if tag not in digests:
+                continue
+            new = _unique(_read_lines(path))
+            _, old = self.read(tag)
+            variants = _unique([*new, *old])[:MAX_STORED]
+            doc = {"version": STORE_VERSION, "op_digest": digests[tag], "variants": variants}
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp = self.folder / f"{tag}.json.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(self.folder / f"{tag}.json")
+            counts[tag] = len(new)
+        return counts
+
+
+# -- precompiling ----------------------------------------------------------------------------
+@dataclass
+class Precompile:
+    """The precompile processes of one run: started by :func:`start`, ended by :meth:`stop`."""
+
+    ops: dict[str, int]  # op implementation -> variants to compile
+    work: Path  # job files, logs and the running totals
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    shares: list[int] = field(default_factory=list)  # variants given to each process
+    t0: float = field(default_factory=time.monotonic)
+
+    def stop(self) -> dict[str, Any]:
+        """Kill those still compiling (the run no longer needs them); what each compiled."""
+        summary: dict[str, Any] = {"ops": self.ops, "processes": len(self.procs)}
+        totals = {"compiled": 0, "failed": 0, "unfinished": 0}
+        for i, (proc, share) in enumerate(zip(self.procs, self.shares, strict=True)):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            done = _last_json(self.work / f"precompile-{i}.out")  # its running totals, one per variant
+            totals["compiled"] += int(done.get("compiled", 0))
+            totals["failed"] += int(done.get("failed", 0))
+            totals["unfinished"] += share - int(done.get("compiled", 0)) - int(done.get("failed", 0))
+        summary.update(totals, wall_s=round(time.monotonic() - self.t0, 2))
+        return summary
+
+
+def _last_json(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    for line in reversed(text.splitlines()):
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if isinstance(doc, dict) and "compiled" in doc:
+                return doc
+    return {}
+
+
+def start(
+    work: Path,
+    variants: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    cores: int,
+    env: Mapping[str, str],
+    sys_path: Sequence[str],
+    python: str = sys.executable,
+) -> Precompile | None:
+    """Start processes compiling ``variants`` (op implementation -> variants), or None if none."""
+    if env.get(SWITCH, "").strip().lower() in OFF_VALUES:
+        return None
+    todo = [v for tag in sorted(variants) for v in variants[tag]]
+    n = min(max(cores, 1), -(-len(todo) // PER_PROCESS))
+    if not todo or n < 1:
+        return None
+    work.mkdir(parents=True, exist_ok=True)
+    run = Precompile({tag: len(v) for tag, v in variants.items() if v}, work)
+    for i in range(n):
+        job = work / f"precompile-{i}.json"
+        share = todo[i::n]
+        job.write_text(json.dumps({"sys_path": list(sys_path), "variants": share}))
+        argv = [python, "-m", "opgate.validators.tritonvariants", str(job)]
+        with (work / f"precompile-{i}.out").open("w") as out, (work / f"precompile-{i}.log").open("w") as log:
+            proc = subprocess.Popen(argv, env=dict(env), stdout=out, stderr=log, start_new_session=True)
+        run.procs.append(proc)
+        run.shares.append(len(share))
+    return run
+
+
+def _kernel(module: str, name: str) -> Any:
+    """The ``JITFunction`` ``module.name`` (through an autotuner's or heuristics' ``fn``)."""
+    from triton.runtime.jit import JITFunction
+
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    while not isinstance(obj, JITFunction) and hasattr(obj, "fn"):
+        obj = obj.fn
+    if not isinstance(obj, JITFunction):
+        raise TypeError(f"{module}.{name} is not a Triton kernel")
+    return obj
+
+
+def _decode_constant(value: Any) -> Any:
+    """A constexpr as ``serialize_specialization_data`` wrote it, as Triton's ``preload`` reads it."""
+    import triton.language as tl
+    from triton.runtime.jit import convert_to_tuple_if_list
+
+    if isinstance(value, str) and tl.dtype.is_dtype(value):
+        return tl.dtype(value)
+    if isinstance(value, dict) and "constexpr" in value:
+        return tl.constexpr(convert_to_tuple_if_list(value["constexpr"]))
+    if isinstance(value, dict) and "jit_function" in value:
+        module, _, name = value["jit_function"].partition(":")
+        return _kernel(module, name)
+    return convert_to_tuple_if_list(value)
+
+
+def compile_variant(variant: Mapping[str, Any]) -> None:
+    """Compile one recorded variant as the launch that recorded it did (same source, key and cache)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile, make_backend  # noqa: A004 - Triton's name
+    from triton.runtime.jit import convert_to_tuple_if_list
+
+    fn = _kernel(variant["module"], variant["name"])
+    data = json.loads(variant["data"])
+    target = GPUTarget(**variant["target"])
+    backend = make_backend(target)
+    pairs = zip(data["constant_keys"], data["constant_vals"], strict=True)
+    constexprs = {tuple(k): _decode_constant(v) for k, v in pairs}
+    attrs = dict(zip(map(tuple, data["attrs_keys"]), data["attrs_vals"], strict=True))
+    signature = {k: convert_to_tuple_if_list(v) for k, v in data["signature"].items()}
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in data["options"].items()}
+    src = ASTSource(fn, signature, constexprs, attrs)
+    compile(src, target=target, options=backend.parse_options(options).__dict__)
+
+
+def main(argv: Sequence[str] | None = None, out: IO[str] = sys.stdout) -> int:
+    """``python -m opgate.validators.tritonvariants JOB``: compile a job's variants, then say how it went."""
+    job = json.loads(Path((argv or sys.argv[1:])[0]).read_text())
+    sys.path[:0] = [p for p in job["sys_path"] if p not in sys.path]
+    compiled = failed = 0
+    for variant in job["variants"]:
+        t = time.monotonic()
+        try:
+            compile_variant(variant)
+        except Exception as exc:  # noqa: BLE001 - one stale variant must not stop the others
+            failed += 1
+            print(f"{variant['module']}.{variant['name']}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        else:
+            compiled += 1
+            print(f"{variant['module']}.{variant['name']}: {time.monotonic() - t:.2f} s", file=sys.stderr)
+        out.write(json.dumps({"compiled": compiled, "failed": failed, "of": len(job["variants"])}) + "\n")
+        out.flush()  # the running totals: a process killed at the run's end has said what it did
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
