@@ -52,7 +52,9 @@ def _entries(cache: Path) -> int:
 
 def _launch(cache: Path, record: Path) -> dict[str, float]:
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "OPGATE_TRITON_VARIANTS": str(record)}
-    proc = subprocess.run([sys.executable, "-c", LAUNCH], env=env, capture_output=True, text=True, check=True)
+    proc = subprocess.run([sys.executable, "-c", LAUNCH], env=env, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        sys.exit(f"the launches failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -69,10 +71,11 @@ def main() -> int:
     report["cache_entries_after_record"] = _entries(first)
     t = time.monotonic()
     env = {**os.environ, "TRITON_CACHE_DIR": str(second)}
-    run = tritonvariants.start(args.out / "work", {"rope.triton": variants}, cores=8, env=env, sys_path=[])
+    launch = tritonvariants.fresh_interpreter(env)
+    run = tritonvariants.start(args.out / "work", {"rope.triton": variants}, cores=8, launch=launch, sys_path=[])
     assert run is not None
-    for proc in run.procs:
-        proc.wait()
+    while any(proc.poll() is None for proc in run.procs):
+        time.sleep(0.05)
     report["precompile"] = {**run.stop(), "wall_s": round(time.monotonic() - t, 2)}
     before = _entries(second)
     report["launch"] = _launch(second, args.out / "recorded-again")

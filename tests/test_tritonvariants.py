@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -90,24 +90,56 @@ def test_precompile_processes_compile_their_share_and_report_a_stale_variant(tmp
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
     here = str(Path(__file__).resolve().parent.parent)  # where this module is `tests.test_tritonvariants`
     todo = {"axpy.triton": [good, stale]}
-    run = tritonvariants.start(
-        tmp_path / "work", todo, cores=8, env=env, sys_path=[here], python=sys.executable
-    )
+    launch = tritonvariants.fresh_interpreter(env)
+    run = tritonvariants.start(tmp_path / "work", todo, cores=8, launch=launch, sys_path=[here])
     assert run is not None
     assert len(run.procs) == 1  # two variants: one process (PER_PROCESS)
-    run.procs[0].wait(timeout=300)
+    deadline = time.monotonic() + 300
+    while run.procs[0].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
     summary = run.stop()
     assert (summary["compiled"], summary["failed"], summary["unfinished"]) == (1, 1, 0)
+    assert 0 < summary["ready_s"] <= summary["last_compiled_s"]
     assert "_renamed_kernel" in (tmp_path / "work" / "precompile-0.log").read_text()
     assert len(_cache_entries(tmp_path / "triton")) == 1
 
 
-def test_no_variants_or_no_core_starts_nothing(tmp_path: Path) -> None:
-    assert tritonvariants.start(tmp_path, {}, cores=8, env={}, sys_path=[]) is None
-    assert tritonvariants.start(tmp_path, {"a.triton": []}, cores=8, env={}, sys_path=[]) is None
+def test_no_variants_or_switched_off_starts_nothing(tmp_path: Path) -> None:
+    def launch(job: Path) -> tritonvariants.Handle:
+        raise AssertionError(f"started {job}")
+
+    assert tritonvariants.start(tmp_path, {}, cores=8, launch=launch, sys_path=[]) is None
+    assert tritonvariants.start(tmp_path, {"a.triton": []}, cores=8, launch=launch, sys_path=[]) is None
     off = {tritonvariants.SWITCH: "0"}
-    assert tritonvariants.start(tmp_path, {"a.triton": [{}] * 9}, cores=8, env=off, sys_path=[]) is None
+    todo: dict[str, list[dict[str, Any]]] = {"a.triton": [{}] * 9}
+    assert tritonvariants.start(tmp_path, todo, cores=8, launch=launch, sys_path=[], environ=off) is None
     assert not list(tmp_path.iterdir())  # nothing written either
+
+
+def test_processes_share_the_variants_as_cores_allow(tmp_path: Path) -> None:
+    started: list[Path] = []
+
+    class Done:
+        def poll(self) -> int | None:
+            return 0
+
+        def kill(self) -> object:
+            raise AssertionError("a finished process is not killed")
+
+    def launch(job: Path) -> tritonvariants.Handle:
+        started.append(job)
+        return Done()
+
+    todo = {"b.triton": [{"n": i} for i in range(10)], "a.triton": [{"n": 10}]}
+    run = tritonvariants.start(tmp_path, todo, cores=2, launch=launch, sys_path=["/r"])
+    assert run is not None
+    assert len(started) == 2  # 11 variants, 2 idle cores
+    shares = [json.loads(p.read_text()) for p in started]
+    assert sorted(v["n"] for s in shares for v in s["variants"]) == list(range(11))
+    assert {tuple(s["sys_path"]) for s in shares} == {("/r",)}
+    assert len(tritonvariants.start(tmp_path, todo, cores=16, launch=launch, sys_path=[]).procs) == 3  # type: ignore[union-attr]
+    summary = run.stop()  # neither said anything: every variant unfinished
+    assert (summary["compiled"], summary["unfinished"], summary["processes"]) == (0, 11, 2)
 
 
 def _hook_call(module: str, name: str, data: str) -> dict[str, Any]:
@@ -161,7 +193,7 @@ def test_store_merges_newest_first_and_knows_what_changed(tmp_path: Path) -> Non
     }
 
 
-def test_the_precompile_child_reports_running_totals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_reports_running_totals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
 
     def fake_compile(variant: dict[str, Any]) -> None:
@@ -174,13 +206,10 @@ def test_the_precompile_child_reports_running_totals(tmp_path: Path, monkeypatch
     job.write_text(
         json.dumps({"sys_path": [], "variants": [{"module": "m", "name": n} for n in ("a", "bad")]})
     )
-    out = tmp_path / "out"
-    with out.open("w") as f:
-        assert tritonvariants.main([str(job)], out=f) == 0
-    assert [json.loads(x) for x in out.read_text().splitlines()] == [
-        {"compiled": 1, "failed": 0, "of": 2},
-        {"compiled": 1, "failed": 1, "of": 2},
-    ]
+    assert tritonvariants.run_job(job) == 0
+    lines = [json.loads(x) for x in job.with_suffix(".out").read_text().splitlines()]
+    assert [(x["compiled"], x["failed"], x["of"]) for x in lines] == [(1, 0, 2), (1, 1, 2)]
+    assert lines[0]["ready_at"] <= lines[0]["at"] <= lines[1]["at"]
     assert calls == ["a", "bad"]
 
 
@@ -191,3 +220,30 @@ def test_run_scoped_folder_is_not_part_of_a_warm_servers_key() -> None:
     other_run = {**env, tritonvariants.RUN_VARIABLE: "/out/b/work/triton-variants"}
     assert warmserver.key(["python"], env) == warmserver.key(["python"], other_run)
     assert warmserver.key(["python"], env) != warmserver.key(["python"], {**env, "TRITON_CACHE_DIR": "/d"})
+
+
+@pytest.mark.integration
+def test_a_worker_given_a_precompile_job_compiles_it_and_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from opgate.validators import worker
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    job = tmp_path / "precompile-0.json"
+    here = str(Path(__file__).resolve().parent.parent)
+    variant = _variant({"backend": "cuda", "arch": 80, "warp_size": 32})
+    job.write_text(json.dumps({"sys_path": [here], "variants": [variant]}))
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({"type": "precompile", "job": str(job)}) + "\n"))
+    channel = io.StringIO()
+
+    def no_cells(*_: Any) -> Any:
+        raise AssertionError("a precompile job is not a cell")
+
+    pre = worker.Preloaded("build", 0, {}, no_cells)
+    assert worker.serve_loop(channel, pre, time.perf_counter()) == 0
+    assert json.loads(channel.getvalue().splitlines()[0])["type"] == "hello"  # then nothing: it exits
+    last = json.loads(job.with_suffix(".out").read_text().splitlines()[-1])
+    assert (last["compiled"], last["failed"]) == (1, 0)
+    assert len(_cache_entries(tmp_path / "triton")) == 1  # an sm_80 cubin

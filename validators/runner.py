@@ -58,7 +58,7 @@ from opgate.validators.pool import Attempt, Pool, Task, lends_gpus
 from opgate.validators.progress import Progress, format_summary
 from opgate.validators.result import CellResult, RunResults, Verdict
 from opgate.validators.schedule import History, expected_costs, host_lanes, longest_first, prerequisites
-from opgate.validators.workerproc import Launcher, WorkerConfig
+from opgate.validators.workerproc import Launcher, WorkerConfig, WorkerProcess
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -72,6 +72,21 @@ Settle: TypeAlias = "Callable[[Task, list[AttemptView]], list[Task]]"
 #: Cached verdicts served per step of the pool's loop (~1 ms each): the pool looks at its workers
 #: between steps.
 SERVE_STEP = 16
+
+
+class _Compiling:
+    """A build worker given a precompile job (:meth:`Runner._precompile_launch`)."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+
+    def poll(self) -> int | None:
+        return self.worker.proc.poll()
+
+    def kill(self) -> object:
+        rc = self.worker.kill()
+        self.worker.release()
+        return rc
 
 
 def _rerun(task: Task) -> Task:
@@ -416,10 +431,24 @@ class Runner:
             self.out / "work" / "precompile",
             tritonvariants.Store.beside(self._cache).changed(digests),
             cores=len(os.sched_getaffinity(0)) - lanes,
-            env=self._launcher.config.env("cuda", self._gpus[0]),
+            launch=self._precompile_launch(),
             sys_path=sorted({str(s.root) for s in self._specs.values() if getattr(s, "root", None)}),
-            python=self.python,
         )
+
+    def _precompile_launch(self) -> tritonvariants.Launch:
+        """Forks of the build server when it is ready (a warm one: torch and Triton imported), else
+        fresh interpreters: a fork now beats waiting for its imports, the cells would not wait."""
+        launcher = self._launcher
+        assert launcher is not None
+        if not (launcher.forks("build") and launcher.startable("build")):
+            return tritonvariants.fresh_interpreter(launcher.config.env("cuda", self._gpus[0]), self.python)
+
+        def fork(job: Path) -> tritonvariants.Handle:
+            worker = launcher.spawn(f"precompile-{job.stem}", "build", None, fresh=True)
+            worker.send({"type": "precompile", "job": str(job)})
+            return _Compiling(worker)
+
+        return fork
 
     def _store_variants(self, tasks: Sequence[Task]) -> None:
         """What this run's GPU cells compiled, kept for their op's next change (a read-only cache: not)."""

@@ -40,13 +40,14 @@ import contextlib
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol
 
 #: The run's folder the workers record into (set by the runner for a run with GPUs).
 RUN_VARIABLE = "OPGATE_TRITON_VARIANTS"
@@ -187,29 +188,74 @@ class Store:
 
 
 # -- precompiling ----------------------------------------------------------------------------
+class Handle(Protocol):
+    """A process compiling one job: what the run asks of it."""
+
+    def poll(self) -> int | None: ...
+
+    def kill(self) -> object: ...
+
+
+#: Start a process compiling the job file it is given (:func:`run_job` in that process).
+Launch = Callable[[Path], Handle]
+
+
+class _Session:
+    """A fresh interpreter in its own session (killed as a group: ptxas with it)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def kill(self) -> object:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait()
+
+
+def fresh_interpreter(env: Mapping[str, str], python: str = sys.executable) -> Launch:
+    """Each job in a new ``python -m opgate.validators.tritonvariants JOB`` (pays torch's import)."""
+
+    def launch(job: Path) -> Handle:
+        argv = [python, "-m", "opgate.validators.tritonvariants", str(job)]
+        with job.with_suffix(".log").open("w") as log:
+            proc = subprocess.Popen(
+                argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        return _Session(proc)
+
+    return launch
+
+
 @dataclass
 class Precompile:
     """The precompile processes of one run: started by :func:`start`, ended by :meth:`stop`."""
 
     ops: dict[str, int]  # op implementation -> variants to compile
-    work: Path  # job files, logs and the running totals
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    jobs: list[Path] = field(default_factory=list)
+    procs: list[Handle] = field(default_factory=list)
     shares: list[int] = field(default_factory=list)  # variants given to each process
-    t0: float = field(default_factory=time.monotonic)
+    t0: float = field(default_factory=time.time)
 
     def stop(self) -> dict[str, Any]:
-        """Kill those still compiling (the run no longer needs them); what each compiled."""
-        summary: dict[str, Any] = {"ops": self.ops, "processes": len(self.procs)}
-        totals = {"compiled": 0, "failed": 0, "unfinished": 0}
-        for i, (proc, share) in enumerate(zip(self.procs, self.shares, strict=True)):
+        """Kill those still compiling (the run no longer needs them); what each compiled, and when."""
+        totals: dict[str, Any] = {"compiled": 0, "failed": 0, "unfinished": 0}
+        ready, done_at = [], []
+        for job, proc, share in zip(self.jobs, self.procs, self.shares, strict=True):
             if proc.poll() is None:
                 proc.kill()
-            proc.wait()
-            done = _last_json(self.work / f"precompile-{i}.out")  # its running totals, one per variant
-            totals["compiled"] += int(done.get("compiled", 0))
-            totals["failed"] += int(done.get("failed", 0))
-            totals["unfinished"] += share - int(done.get("compiled", 0)) - int(done.get("failed", 0))
-        summary.update(totals, wall_s=round(time.monotonic() - self.t0, 2))
+            last = _last_json(job.with_suffix(".out"))  # its running totals, one line per variant
+            totals["compiled"] += int(last.get("compiled", 0))
+            totals["failed"] += int(last.get("failed", 0))
+            totals["unfinished"] += share - int(last.get("compiled", 0)) - int(last.get("failed", 0))
+            if "ready_at" in last:
+                ready.append(float(last["ready_at"]) - self.t0)
+                done_at.append(float(last["at"]) - self.t0)
+        summary = {"ops": self.ops, "processes": len(self.procs), **totals}
+        if ready:  # seconds from the start: the imports done, the last variant compiled
+            summary.update(ready_s=round(max(ready), 2), last_compiled_s=round(max(done_at), 2))
         return summary
 
 
@@ -231,27 +277,24 @@ def start(
     variants: Mapping[str, Sequence[Mapping[str, Any]]],
     *,
     cores: int,
-    env: Mapping[str, str],
+    launch: Launch,
     sys_path: Sequence[str],
-    python: str = sys.executable,
+    environ: Mapping[str, str] = os.environ,
 ) -> Precompile | None:
     """Start processes compiling ``variants`` (op implementation -> variants), or None if none."""
-    if env.get(SWITCH, "").strip().lower() in OFF_VALUES:
+    if environ.get(SWITCH, "").strip().lower() in OFF_VALUES:
         return None
     todo = [v for tag in sorted(variants) for v in variants[tag]]
     n = min(max(cores, 1), -(-len(todo) // PER_PROCESS))
     if not todo or n < 1:
         return None
     work.mkdir(parents=True, exist_ok=True)
-    run = Precompile({tag: len(v) for tag, v in variants.items() if v}, work)
+    run = Precompile({tag: len(v) for tag, v in variants.items() if v})
     for i in range(n):
-        job = work / f"precompile-{i}.json"
-        share = todo[i::n]
+        job, share = work / f"precompile-{i}.json", todo[i::n]
         job.write_text(json.dumps({"sys_path": list(sys_path), "variants": share}))
-        argv = [python, "-m", "opgate.validators.tritonvariants", str(job)]
-        with (work / f"precompile-{i}.out").open("w") as out, (work / f"precompile-{i}.log").open("w") as log:
-            proc = subprocess.Popen(argv, env=dict(env), stdout=out, stderr=log, start_new_session=True)
-        run.procs.append(proc)
+        run.jobs.append(job)
+        run.procs.append(launch(job))
         run.shares.append(len(share))
     return run
 
@@ -304,24 +347,35 @@ def compile_variant(variant: Mapping[str, Any]) -> None:
     compile(src, target=target, options=backend.parse_options(options).__dict__)
 
 
-def main(argv: Sequence[str] | None = None, out: IO[str] = sys.stdout) -> int:
-    """``python -m opgate.validators.tritonvariants JOB``: compile a job's variants, then say how it went."""
-    job = json.loads(Path((argv or sys.argv[1:])[0]).read_text())
+def run_job(job_path: Path) -> int:
+    """Compile a job's variants; its running totals go to ``JOB.out``, one line per variant."""
+    job = json.loads(job_path.read_text())
     sys.path[:0] = [p for p in job["sys_path"] if p not in sys.path]
+    for module in sorted({v["module"] for v in job["variants"]}):
+        with contextlib.suppress(Exception):  # a module that fails to import fails its variants below
+            importlib.import_module(module)
     compiled = failed = 0
-    for variant in job["variants"]:
-        t = time.monotonic()
-        try:
-            compile_variant(variant)
-        except Exception as exc:  # noqa: BLE001 - one stale variant must not stop the others
-            failed += 1
-            print(f"{variant['module']}.{variant['name']}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        else:
-            compiled += 1
-            print(f"{variant['module']}.{variant['name']}: {time.monotonic() - t:.2f} s", file=sys.stderr)
-        out.write(json.dumps({"compiled": compiled, "failed": failed, "of": len(job["variants"])}) + "\n")
-        out.flush()  # the running totals: a process killed at the run's end has said what it did
+    ready_at = time.time()  # the kernels' modules imported: compiling starts
+    with job_path.with_suffix(".out").open("w") as out:
+        for variant in job["variants"]:
+            t = time.monotonic()
+            try:
+                compile_variant(variant)
+            except Exception as exc:  # noqa: BLE001 - one stale variant must not stop the others
+                failed += 1
+                print(f"{variant['module']}.{variant['name']}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            else:
+                compiled += 1
+                print(f"{variant['module']}.{variant['name']}: {time.monotonic() - t:.2f} s", file=sys.stderr)
+            line = {"compiled": compiled, "failed": failed, "of": len(job["variants"])}
+            out.write(json.dumps({**line, "ready_at": ready_at, "at": time.time()}) + "\n")
+            out.flush()  # a process killed at the run's end has said what it did
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m opgate.validators.tritonvariants JOB``: a job in a fresh interpreter."""
+    return run_job(Path((argv or sys.argv[1:])[0]))
 
 
 if __name__ == "__main__":

@@ -492,7 +492,10 @@ def serve_loop(
     for line in sys.stdin:
         if not line.strip():
             continue
-        reply = run_task(json.loads(line), pre.specs, pre.run_cell, pre.kind)
+        task = json.loads(line)
+        if task.get("type") == "precompile":  # a changed op's Triton variants, then exit (tritonvariants)
+            return tritonvariants.run_job(Path(task["job"]))
+        reply = run_task(task, pre.specs, pre.run_cell, pre.kind)
         _send(channel, jsonable(reply))
         if not reply["healthy"]:
             return 3
