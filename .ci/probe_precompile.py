@@ -52,7 +52,8 @@ def _entries(cache: Path) -> int:
 
 def _launch(cache: Path, record: Path) -> dict[str, float]:
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "OPGATE_TRITON_VARIANTS": str(record)}
-    proc = subprocess.run([sys.executable, "-c", LAUNCH], env=env, capture_output=True, text=True, check=False)
+    argv = [sys.executable, "-c", LAUNCH]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if proc.returncode:
         sys.exit(f"the launches failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -72,7 +73,8 @@ def main() -> int:
     t = time.monotonic()
     env = {**os.environ, "TRITON_CACHE_DIR": str(second)}
     launch = tritonvariants.fresh_interpreter(env)
-    run = tritonvariants.start(args.out / "work", {"rope.triton": variants}, cores=8, launch=launch, sys_path=[])
+    todo = {"rope.triton": variants}
+    run = tritonvariants.start(args.out / "work", todo, cores=8, launch=launch, sys_path=[])
     assert run is not None
     while any(proc.poll() is None for proc in run.procs):
         time.sleep(0.05)
