@@ -247,3 +247,27 @@ def test_a_worker_given_a_precompile_job_compiles_it_and_exits(
     last = json.loads(job.with_suffix(".out").read_text().splitlines()[-1])
     assert (last["compiled"], last["failed"]) == (1, 0)
     assert len(_cache_entries(tmp_path / "triton")) == 1  # an sm_80 cubin
+
+
+def test_a_forked_job_whose_server_is_gone_counts_as_ended() -> None:
+    from opgate.validators.runner import _Compiling
+
+    class Proc:
+        def poll(self) -> int | None:
+            raise OSError(9, "Bad file descriptor")  # the pool stopped the fork server's socket
+
+    class Worker:
+        proc = Proc()
+        released = False
+
+        def kill(self) -> None:
+            raise OSError(9, "Bad file descriptor")
+
+        def release(self) -> None:
+            self.released = True
+
+    worker = Worker()
+    handle = _Compiling(worker)  # type: ignore[arg-type]
+    assert handle.poll() is not None
+    handle.kill()
+    assert worker.released

@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -81,12 +82,16 @@ class _Compiling:
         self.worker = worker
 
     def poll(self) -> int | None:
-        return self.worker.proc.poll()
+        try:
+            return self.worker.proc.poll()
+        except OSError:  # the pool let go of the servers at its end: they killed their forks
+            return -signal.SIGKILL
 
     def kill(self) -> object:
-        rc = self.worker.kill()
+        with contextlib.suppress(OSError):
+            self.worker.kill()
         self.worker.release()
-        return rc
+        return None
 
 
 def _rerun(task: Task) -> Task:
@@ -418,8 +423,9 @@ class Runner:
             progress.close()
             self.timings["pool_s"] = time.monotonic() - t
             self.timings["shutdown_s"] = pool.shutdown_s
-            if self._precompile is not None:
-                self._precompiled = self._precompile.stop()
+            if self._precompile is not None:  # never a reason for a run to fail: what it did, if it can say
+                with contextlib.suppress(OSError):
+                    self._precompiled = self._precompile.stop()
             self._store_variants(tasks)
 
     def _start_precompile(self, tasks: Sequence[Task], lanes: int) -> None:
