@@ -13,15 +13,20 @@ import pytest
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402 - after the skip
+from triton.runtime.jit import JITFunction  # noqa: E402
 
 from opgate.validators import tritonvariants  # noqa: E402
 
 
-@triton.jit  # type: ignore[untyped-decorator]
-def _axpy(x, y, out, n, ALPHA: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: PLR0917
+def _axpy_source(x, y, out, n, ALPHA: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: PLR0917
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out + offs, ALPHA * tl.load(x + offs, mask=mask) + tl.load(y + offs, mask=mask), mask=mask)
+
+
+#: A compiled kernel even where the tests run under ``TRITON_INTERPRET=1`` (``triton.jit`` would
+#: give the interpreter's function, which nothing compiles).
+_axpy = JITFunction(_axpy_source)
 
 
 #: What Triton's binder makes of a launch with fp16 tensors aligned to 16 bytes, ``n % 16 == 0``
