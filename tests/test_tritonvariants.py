@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,14 +71,33 @@ def _cache_entries(cache: Path) -> set[str]:
     return {p.parent.name for p in cache.rglob("*.cubin")}
 
 
+def _in_a_compiling_process(body: str, tmp_path: Path) -> None:
+    """Run ``body(tmp_path)`` of this module in a fresh interpreter that can compile.
+
+    The tests session runs under ``TRITON_INTERPRET=1``, and Triton's language imported so is the
+    interpreter's for good (nothing compiles in this process), as in a CPU worker; a GPU worker,
+    a build server's fork and a precompile process import it without.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    root = str(Path(__file__).resolve().parent.parent)
+    code = f"import sys; sys.path.insert(0, {root!r}); import tests.test_tritonvariants as t; t.{body}"
+    code += f"({str(tmp_path)!r})"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 @pytest.mark.integration
-def test_a_stored_variant_compiles_into_the_cache_key_its_launch_would_use(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_stored_variant_compiles_into_the_cache_key_its_launch_would_use(tmp_path: Path) -> None:
+    _in_a_compiling_process("same_key", tmp_path)
+
+
+def same_key(tmp: str) -> None:
+    """A recorded variant, compiled from its JSON, and the launch's own compile: one cache entry."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile  # noqa: A004
 
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    tmp_path = Path(tmp)
     target = {"backend": "cuda", "arch": 90, "warp_size": 32}
     tritonvariants.compile_variant(_variant(target))
     made = _cache_entries(tmp_path / "triton")
@@ -228,19 +249,22 @@ def test_run_scoped_folder_is_not_part_of_a_warm_servers_key() -> None:
 
 
 @pytest.mark.integration
-def test_a_worker_given_a_precompile_job_compiles_it_and_exits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_worker_given_a_precompile_job_compiles_it_and_exits(tmp_path: Path) -> None:
+    _in_a_compiling_process("worker_job", tmp_path)
+
+
+def worker_job(tmp: str) -> None:
+    """A build worker's serve loop given a precompile message instead of a cell."""
     import io
 
     from opgate.validators import worker
 
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    tmp_path = Path(tmp)
     job = tmp_path / "precompile-0.json"
     here = str(Path(__file__).resolve().parent.parent)
     variant = _variant({"backend": "cuda", "arch": 80, "warp_size": 32})
     job.write_text(json.dumps({"sys_path": [here], "variants": [variant]}))
-    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({"type": "precompile", "job": str(job)}) + "\n"))
+    sys.stdin = io.StringIO(json.dumps({"type": "precompile", "job": str(job)}) + "\n")
     channel = io.StringIO()
 
     def no_cells(*_: Any) -> Any:
