@@ -192,6 +192,21 @@ def _bound(probe: str, base: dict[str, Any], one: dict[str, Any]) -> list[str]:
     return [line]
 
 
+def _beside(records: list[dict[str, Any]]) -> list[str]:
+    """Work a scenario did on cores its lanes left idle (compiles ahead): not in its capacity."""
+    out = []
+    for r in records:
+        pre = ((r.get("breakdown") or {}).get("beside_lanes") or {}).get("triton_precompile") or {}
+        if pre:
+            ops = ", ".join(f"{tag} {n}" for tag, n in (pre.get("ops") or {}).items())
+            when = f", the last {pre['last_compiled_s']:.2f} s in" if "last_compiled_s" in pre else ""
+            out.append(
+                f"{r['scenario']}: {pre.get('compiled', 0)} Triton variants ({ops}) compiled ahead beside "
+                f"the lanes by {pre['processes']} process(es){when}"
+            )
+    return ["", *out] if out else []
+
+
 def _summary(
     args: argparse.Namespace, run_args: list[str], records: list[dict[str, Any]], runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -305,6 +320,7 @@ def main() -> int:
         *(_row(r) for r in records),
     ]
     lines += _ratio(args.probe, by)
+    lines += _beside(records)
     if args.keep_warm:
         lines.append("")
         lines.append(

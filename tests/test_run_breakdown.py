@@ -240,3 +240,27 @@ def test_the_set_up_build_time_travels_from_the_worker_to_results_json() -> None
     plain = CellResult(cell, Verdict.PASS, {}).to_json()
     assert "setup_build_s" not in plain  # no build in set-up: the record stays as it was
     assert "setup_wait_s" not in plain
+
+
+def test_triton_variants_compiled_beside_the_lanes_are_said_apart_not_counted() -> None:
+    precompile = {
+        "ops": {"rope.triton": 39},
+        "processes": 8,
+        "compiled": 39,
+        "failed": 0,
+        "unfinished": 0,
+        "ready_s": 0.22,
+        "last_compiled_s": 3.24,
+        "recorded": {"rope.triton": 39},
+    }
+    b = breakdown(CELLS, {**RUN, "triton_precompile": precompile})
+    assert b["capacity_s"] == breakdown(CELLS, RUN)["capacity_s"]  # other cores: not the lanes'
+    assert b["harness_s"] == breakdown(CELLS, RUN)["harness_s"]
+    assert "recorded" not in b["beside_lanes"]["triton_precompile"]
+    assert (
+        "beside the lanes: 39 Triton variants compiled ahead (rope.triton 39) by 8 process(es), "
+        "imports done 0.22 s in, last 3.24 s in; 0 failed, 0 unfinished"
+    ) in format_breakdown(b)
+    recorded_only = {**RUN, "triton_precompile": {"recorded": {"rope.triton": 3}}}  # nothing compiled ahead
+    assert breakdown(CELLS, recorded_only)["beside_lanes"] == {}
+    assert "beside the lanes" not in format_breakdown(breakdown(CELLS, RUN))

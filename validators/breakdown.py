@@ -67,6 +67,10 @@ def _op(cell: Mapping[str, Any]) -> str:
     return str(cell.get("id") or "?").split(".", 1)[0]
 
 
+#: What a run's ``triton_precompile`` record (validators/tritonvariants.py) the breakdown shows.
+PRECOMPILE_FIELDS = ("ops", "processes", "compiled", "failed", "unfinished", "ready_s", "last_compiled_s")
+
+
 def breakdown(
     cells: Sequence[Mapping[str, Any]], run: Mapping[str, Any], controls: Sequence[Mapping[str, Any]] = ()
 ) -> dict[str, Any]:
@@ -111,7 +115,11 @@ def breakdown(
             lane = _lane(str(w.get("name")))
             first_ready[lane] = min(first_ready.get(lane, wall), float(w["ready_s"]))
     before_first = min(sum(first_ready.values()), idle)
+    # work done beside the lanes, on cores they left idle: not in the capacity, said apart
+    pre = run.get("triton_precompile") or {}
+    beside = {k: pre[k] for k in PRECOMPILE_FIELDS if k in pre} if pre.get("processes") else {}
     return {
+        "beside_lanes": {"triton_precompile": beside} if beside else {},
         "wall_s": round(wall, 2),
         "cells_ran": len(ran),
         "cells_cached": len(cached),
@@ -150,6 +158,19 @@ def format_breakdown(b: Mapping[str, Any]) -> str:
     lines.append(f"  {'harness':<12} {b['harness_s']:9.1f} s  {100 * b['harness_share']:5.1f}%")
     for name, secs in b["harness_parts_s"].items():
         lines.append(f"    {name}: {secs:.1f} s")
+    pre = (b.get("beside_lanes") or {}).get("triton_precompile") or {}
+    if pre:
+        when = (
+            f", imports done {pre['ready_s']:.2f} s in, last {pre['last_compiled_s']:.2f} s in"
+            if "ready_s" in pre
+            else ""
+        )
+        ops = ", ".join(f"{tag} {n}" for tag, n in (pre.get("ops") or {}).items())
+        lines.append(
+            f"  beside the lanes: {pre.get('compiled', 0)} Triton variants compiled ahead ({ops}) by "
+            f"{pre['processes']} process(es){when}; {pre.get('failed', 0)} failed, "
+            f"{pre.get('unfinished', 0)} unfinished"
+        )
     by_op = b.get("by_op_s") or {}
     if by_op:
         total = sum(by_op.values()) or 1.0
