@@ -1,7 +1,8 @@
 """Fork server: one process imports torch once, every worker of its kind is forked from it.
 
-Why: a worker's start-up is almost all imports (torch, Triton, Dynamo: 7-10 s
-on a GPU host when several start at once), and the pool starts a worker per
+Why: a worker's start-up is almost all imports (torch, Triton, Dynamo: 3-4 s
+on the H200 host with bytecode cached, 11-17 s without, more when several start
+at once), and the pool starts a worker per
 lane, per isolated cell and per re-run.  Forking a process that has imported
 everything but has not touched the GPU gives a worker in well under a second;
 CUDA is initialised in the child, after the fork, as it must be.

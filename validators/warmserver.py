@@ -1,7 +1,8 @@
 """Warm fork servers: one run's torch/Triton/Dynamo imports kept for the next (``--keep-warm``).
 
-Why: a fork server spends 7-10 s importing before its first worker can start
-(10 s on the H200 host), and a run that re-validates one changed op does
+Why: a fork server spends seconds importing before its first worker can start
+(the H200 host's cuda server: 3.4-4.0 s with a bytecode cache, 14 s without),
+and a run that re-validates one changed op does
 little more than that.  With ``opgate run --keep-warm MINUTES`` the run's
 fork servers stay up after it, and the next run on this machine with the same
 interpreter and environment forks its workers from them at once.  The way a
