@@ -33,8 +33,9 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from opgate.validators.options import switched_off
+
 VARIABLE = "OPGATE_BYTECODE_CACHE"
-OFF_VALUES = frozenset({"0", "false", "no", "off"})
 #: The package whose imports dominate a worker's start: where bytecode is looked for.
 PACKAGE = "torch"
 
@@ -75,7 +76,7 @@ def decide(
 ) -> Decision:
     """Whether this run should give its processes a bytecode cache (see the module doc)."""
     setting = environ.get(VARIABLE, "").strip()
-    if setting.lower() in OFF_VALUES:
+    if switched_off(environ, VARIABLE):
         return Decision(None, f"{VARIABLE}={setting}: the interpreter's own bytecode handling")
     if environ.get("PYTHONPYCACHEPREFIX"):
         return Decision(None, "PYTHONPYCACHEPREFIX is set: the user's bytecode cache")

@@ -45,8 +45,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opgate.validators.options import switched_off
+
 #: ``OPGATE_CCACHE`` values that turn the compiler cache off.
-OFF_VALUES = frozenset({"0", "false", "no", "off"})
 #: Relaxed checks Inductor's compiles need to be cached at all (see the module docstring).
 SLOPPINESS = ("pch_defines", "time_macros", "include_file_mtime", "include_file_ctime")
 #: Executables that already are a compiler cache: wrapping one in ccache would cache the wrapper.
@@ -106,7 +107,7 @@ def _setup(inputs: tuple[tuple[str, str | None], ...], root: str) -> CompilerCac
 def _decide(env: Mapping[str, str], root: Path) -> CompilerCache:
     if sys.platform == "win32":
         return CompilerCache(off="not on Windows (Inductor compiles with cl there)")
-    if env.get("OPGATE_CCACHE", "").strip().lower() in OFF_VALUES:
+    if switched_off(env, "OPGATE_CCACHE"):
         return CompilerCache(off=f"OPGATE_CCACHE={env['OPGATE_CCACHE']}")
     path = env.get("PATH")
     compiler, why = real_compiler(env.get("CXX"), path)

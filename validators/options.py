@@ -7,10 +7,12 @@ a repro line can name a run's options without the machinery that runs it.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+#: Values that turn an ``OPGATE_*`` switch off (a cache, a lock, compiling ahead), in any case.
+OFF_VALUES = frozenset({"0", "false", "no", "off"})
 REPRO_OUT = "/tmp/opgate-repro"  # noqa: S108 - a suggestion printed for humans, never written by opgate
 
 
@@ -33,6 +35,11 @@ class RunOptions:
     changed_since: str | None = None  # git ref: only the cells a diff since it can affect
     keep_warm_min: float | None = None  # keep the fork servers warm for later runs (validators.warmserver)
     argv: Sequence[str] = ()
+
+
+def switched_off(env: Mapping[str, str], name: str) -> bool:
+    """Whether ``env`` turns the switch ``name`` off (``0``, ``false``, ``no``, ``off``)."""
+    return env.get(name, "").strip().lower() in OFF_VALUES
 
 
 def repro_command(cell_id: str, seed: int | None, options: RunOptions) -> str:

@@ -41,11 +41,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from opgate.validators.options import switched_off
+
 #: The variable Triton reads the cache manager class from, and this class's address.
 VARIABLE = "TRITON_CACHE_MANAGER"
 MANAGER = "opgate.validators.tritoncache:SingleFlightCacheManager"
-#: ``OPGATE_TRITON_SINGLE_FLIGHT`` values that leave Triton's default manager.
-OFF_VALUES = frozenset({"0", "false", "no", "off"})
 #: The lock's name in a kernel's cache folder (beside Triton's own files).
 LOCK_NAME = "opgate-compile.lock"
 #: The longest a worker waits for another's compile of the same kernel before compiling it
@@ -59,7 +59,7 @@ WAIT_SECONDS = [0.0]
 
 def worker_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that give a worker started with ``env`` the single-flight manager ({} to leave it)."""
-    if env.get("OPGATE_TRITON_SINGLE_FLIGHT", "").strip().lower() in OFF_VALUES:
+    if switched_off(env, "OPGATE_TRITON_SINGLE_FLIGHT"):
         return {}
     if env.get(VARIABLE, MANAGER) != MANAGER:  # the user's own manager stays
         return {}

@@ -49,11 +49,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from opgate.validators.options import switched_off
+
 #: The run's folder the workers record into (set by the runner for a run with GPUs).
 RUN_VARIABLE = "OPGATE_TRITON_VARIANTS"
 #: ``OPGATE_TRITON_PRECOMPILE=0``: record, but compile nothing ahead (the cells compile their own).
 SWITCH = "OPGATE_TRITON_PRECOMPILE"
-OFF_VALUES = frozenset({"0", "false", "no", "off"})
 #: The most variants one op implementation keeps in the store (the newest first).
 MAX_STORED = 512
 #: A precompile process takes at least this many variants: below that, its imports cost
@@ -282,7 +283,7 @@ def start(
     environ: Mapping[str, str] = os.environ,
 ) -> Precompile | None:
     """Start processes compiling ``variants`` (op implementation -> variants), or None if none."""
-    if environ.get(SWITCH, "").strip().lower() in OFF_VALUES:
+    if switched_off(environ, SWITCH):
         return None
     todo = [v for tag in sorted(variants) for v in variants[tag]]
     n = min(max(cores, 1), -(-len(todo) // PER_PROCESS))
