@@ -194,16 +194,10 @@ def _bound(probe: str, base: dict[str, Any], one: dict[str, Any]) -> list[str]:
 
 def _beside(records: list[dict[str, Any]]) -> list[str]:
     """Work a scenario did on cores its lanes left idle (compiles ahead): not in its capacity."""
-    out = []
-    for r in records:
-        pre = ((r.get("breakdown") or {}).get("beside_lanes") or {}).get("triton_precompile") or {}
-        if pre:
-            ops = ", ".join(f"{tag} {n}" for tag, n in (pre.get("ops") or {}).items())
-            when = f", the last {pre['last_compiled_s']:.2f} s in" if "last_compiled_s" in pre else ""
-            out.append(
-                f"{r['scenario']}: {pre.get('compiled', 0)} Triton variants ({ops}) compiled ahead beside "
-                f"the lanes by {pre['processes']} process(es){when}"
-            )
+    from opgate.validators.breakdown import format_beside
+
+    said = ((r["scenario"], format_beside(r.get("breakdown") or {})) for r in records)
+    out = [f"{scenario}, beside the lanes: {text}" for scenario, text in said if text]
     return ["", *out] if out else []
 
 

@@ -146,6 +146,21 @@ def breakdown(
     }
 
 
+def format_beside(b: Mapping[str, Any]) -> str:
+    """The work a breakdown did beside its lanes (Triton variants compiled ahead), or ""."""
+    pre = (b.get("beside_lanes") or {}).get("triton_precompile") or {}
+    if not pre:
+        return ""
+    when = ""
+    if "ready_s" in pre:
+        when = f", imports done {pre['ready_s']:.2f} s in, last {pre['last_compiled_s']:.2f} s in"
+    ops = ", ".join(f"{tag} {n}" for tag, n in (pre.get("ops") or {}).items())
+    return (
+        f"{pre.get('compiled', 0)} Triton variants compiled ahead ({ops}) by {pre['processes']} "
+        f"process(es){when}; {pre.get('failed', 0)} failed, {pre.get('unfinished', 0)} unfinished"
+    )
+
+
 def format_breakdown(b: Mapping[str, Any]) -> str:
     cap = float(b["capacity_s"]) or 1.0
     head = (
@@ -158,19 +173,9 @@ def format_breakdown(b: Mapping[str, Any]) -> str:
     lines.append(f"  {'harness':<12} {b['harness_s']:9.1f} s  {100 * b['harness_share']:5.1f}%")
     for name, secs in b["harness_parts_s"].items():
         lines.append(f"    {name}: {secs:.1f} s")
-    pre = (b.get("beside_lanes") or {}).get("triton_precompile") or {}
-    if pre:
-        when = (
-            f", imports done {pre['ready_s']:.2f} s in, last {pre['last_compiled_s']:.2f} s in"
-            if "ready_s" in pre
-            else ""
-        )
-        ops = ", ".join(f"{tag} {n}" for tag, n in (pre.get("ops") or {}).items())
-        lines.append(
-            f"  beside the lanes: {pre.get('compiled', 0)} Triton variants compiled ahead ({ops}) by "
-            f"{pre['processes']} process(es){when}; {pre.get('failed', 0)} failed, "
-            f"{pre.get('unfinished', 0)} unfinished"
-        )
+    beside = format_beside(b)
+    if beside:
+        lines.append(f"  beside the lanes: {beside}")
     by_op = b.get("by_op_s") or {}
     if by_op:
         total = sum(by_op.values()) or 1.0

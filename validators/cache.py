@@ -104,14 +104,11 @@ class VerdictCache:
     def __init__(self, root: Path, environment: Mapping[str, Any]) -> None:
         self.root = root
         self._env = json.dumps(environment, sort_keys=True)
+        #: 16 hex digits naming this environment's files beside the cache (history, Triton variants)
+        self.environment_digest = identity_digest(environment)
         self._validators = tree_digest(source_files(VALIDATORS_DIR, recursive=True), VALIDATORS_DIR)
         self._ops: dict[str, str] = {}
         self._keys: dict[tuple[str, str, str], str] = {}  # a run asks for each key twice (has, get)
-
-    @property
-    def environment_digest(self) -> str:
-        """16 hex digits naming this environment's files beside the cache (history, Triton variants)."""
-        return identity_digest(json.loads(self._env))
 
     def op_digest(self, spec: Any) -> str:
         """The digest of an op's sources (spec, modules, libraries): what a verdict of it rests on."""

@@ -412,7 +412,9 @@ class Runner:
             progress.update(result)
             return self._control_tasks(result)
 
-        self._start_precompile(tasks, lanes + host)
+        # the GPU cells' ops and their sources' digests now: what the variants this run compiles are of
+        digests = tritonvariants.gpu_ops(tasks, self._specs, self._cache.op_digest) if self._cache else {}
+        self._start_precompile(digests, lanes + host)
         t = time.monotonic()
         try:
             after = prerequisites(tasks, self._specs, _built_already)
@@ -426,13 +428,12 @@ class Runner:
             if self._precompile is not None:  # never a reason for a run to fail: what it did, if it can say
                 with contextlib.suppress(OSError):
                     self._precompiled = self._precompile.stop()
-            self._store_variants(tasks)
+            self._store_variants(digests)
 
-    def _start_precompile(self, tasks: Sequence[Task], lanes: int) -> None:
+    def _start_precompile(self, digests: Mapping[str, str], lanes: int) -> None:
         """Compile the changed ops' Triton variants on the cores the lanes leave idle (tritonvariants)."""
         if not self._gpus or self._launcher is None or self._cache is None:
             return
-        digests = tritonvariants.gpu_ops(tasks, self._specs, self._cache.op_digest)
         self._precompile = tritonvariants.start(
             self.out / "work" / "precompile",
             tritonvariants.Store.beside(self._cache).changed(digests),
@@ -456,11 +457,10 @@ class Runner:
 
         return fork
 
-    def _store_variants(self, tasks: Sequence[Task]) -> None:
+    def _store_variants(self, digests: Mapping[str, str]) -> None:
         """What this run's GPU cells compiled, kept for their op's next change (a read-only cache: not)."""
         if self._cache is None or not self._variants_dir.is_dir():
             return
-        digests = tritonvariants.gpu_ops(tasks, self._specs, self._cache.op_digest)
         with contextlib.suppress(OSError):
             self._precompiled["recorded"] = tritonvariants.Store.beside(self._cache).merge(
                 self._variants_dir, digests
