@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -278,25 +279,32 @@ def worker_job(tmp: str) -> None:
     assert len(_cache_entries(tmp_path / "triton")) == 1  # an sm_80 cubin
 
 
-def test_a_forked_job_whose_server_is_gone_counts_as_ended() -> None:
+@pytest.mark.integration
+def test_a_forked_job_whose_server_is_gone_counts_as_ended(tmp_path: Path) -> None:
+    """The pool stops the fork servers at its end, before the run stops its precompile jobs."""
+    import socket
+
+    from opgate.validators.forkserver import ForkServer
     from opgate.validators.runner import _Compiling
+    from opgate.validators.workerproc import WorkerProcess
 
-    class Proc:
-        def poll(self) -> int | None:
-            raise OSError(9, "Bad file descriptor")  # the pool stopped the fork server's socket
-
-    class Worker:
-        proc = Proc()
-        released = False
-
-        def kill(self) -> None:
-            raise OSError(9, "Bad file descriptor")
-
-        def release(self) -> None:
-            self.released = True
-
-    worker = Worker()
-    handle = _Compiling(worker)  # type: ignore[arg-type]
-    assert handle.poll() is not None
-    handle.kill()
-    assert worker.released
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the fork, as the server made it
+    try:
+        theirs.send(json.dumps({"ready": True}).encode())  # a warm server's answers, queued
+        theirs.send(json.dumps({"pid": child.pid}).encode())
+        server = ForkServer(["python"], {}, tmp_path / "server.log", connection=ours)
+        worker = WorkerProcess("precompile-0", "build", ["python"], {}, tmp_path / "w.log", server=server)
+        assert worker.forked
+        server.stop()  # the socket closed here: no exit report can come any more
+        handle = _Compiling(worker)
+        assert handle.poll() is not None  # orphaned: its server kills it, nobody waits for it
+        handle.kill()  # never raises on the closed socket (it raised EBADF and failed the run)
+        assert worker.proc.stdin is not None
+        assert worker.proc.stdin.closed
+        assert child.wait(timeout=10) == -signal.SIGKILL  # its group was killed all the same
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        theirs.close()

@@ -184,11 +184,18 @@ class ForkServer:
             pass
 
     def _recv(self, timeout_s: float) -> dict[str, Any] | None:
-        if timeout_s > 0:
-            self.sock.settimeout(timeout_s)
-        else:
-            self.sock.setblocking(False)
+        """The next message, or None: none in ``timeout_s``, or the socket is closed (``closed``).
+
+        A stopped server's socket is closed here: asking it again reports nothing more
+        (a fork it left then counts as orphaned), never raises.
+        """
+        if self.closed:
+            return None
         try:
+            if timeout_s > 0:
+                self.sock.settimeout(timeout_s)
+            else:
+                self.sock.setblocking(False)
             data = self.sock.recv(MAX_MSG)
         except (BlockingIOError, TimeoutError):
             return None

@@ -82,16 +82,15 @@ class _Compiling:
         self.worker = worker
 
     def poll(self) -> int | None:
-        try:
-            return self.worker.proc.poll()
-        except OSError:  # the pool let go of the servers at its end: they killed their forks
-            return -signal.SIGKILL
+        if self.worker.alive:
+            return None
+        rc = self.worker.proc.poll()
+        return -signal.SIGKILL if rc is None else rc  # None: orphaned, its server killed it
 
     def kill(self) -> object:
-        with contextlib.suppress(OSError):
-            self.worker.kill()
+        rc = self.worker.kill()
         self.worker.release()
-        return None
+        return rc
 
 
 def _rerun(task: Task) -> Task:
