@@ -59,7 +59,10 @@ def _gone(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:  # reaped by its server since the signal check
+        return True
     return stat.split(")")[-1].split()[0] == "Z"  # dead, not yet reaped by its server
 
 
