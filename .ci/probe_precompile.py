@@ -76,7 +76,8 @@ def main() -> int:
     todo = {"rope.triton": variants}
     run = tritonvariants.start(args.out / "work", todo, cores=8, launch=launch, sys_path=[])
     assert run is not None
-    while any(proc.poll() is None for proc in run.procs):
+    assert run.proc is not None
+    while run.proc.poll() is None:
         time.sleep(0.05)
     report["precompile"] = {**run.stop(), "wall_s": round(time.monotonic() - t, 2)}
     before = _entries(second)

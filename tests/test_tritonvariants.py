@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -111,29 +112,70 @@ def same_key(tmp: str) -> None:
 
 
 @pytest.mark.integration
-def test_precompile_processes_compile_their_share_and_report_a_stale_variant(tmp_path: Path) -> None:
+def test_precompile_processes_compile_their_share_and_report_a_stale_variant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One interpreter started, a fork of it for the second job: each reports its own share."""
     good = _variant({"backend": "cuda", "arch": 90, "warp_size": 32})
     stale = {**good, "name": "_renamed_kernel"}  # the kernel it was recorded for is gone
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
     here = str(Path(__file__).resolve().parent.parent)  # where this module is `tests.test_tritonvariants`
     todo = {"axpy.triton": [good, stale]}
+    monkeypatch.setattr(tritonvariants, "PER_PROCESS", 1)  # two variants: two processes
     launch = tritonvariants.fresh_interpreter(env)
     run = tritonvariants.start(tmp_path / "work", todo, cores=8, launch=launch, sys_path=[here])
     assert run is not None
-    assert len(run.procs) == 1  # two variants: one process (PER_PROCESS)
+    assert run.proc is not None
+    assert len(run.jobs) == 2
     deadline = time.monotonic() + 300
-    while run.procs[0].poll() is None and time.monotonic() < deadline:
+    while run.proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert run.proc.poll() == 0  # it waited for its fork
+    outs = [_last(job.with_suffix(".out")) for job in run.jobs]
+    assert [(o["compiled"], o["failed"]) for o in outs] == [(1, 0), (0, 1)]  # the fork compiled its own
     summary = run.stop()
-    assert (summary["compiled"], summary["failed"], summary["unfinished"]) == (1, 1, 0)
+    totals = (summary["compiled"], summary["failed"], summary["unfinished"], summary["processes"])
+    assert totals == (1, 1, 0, 2)
     assert 0 < summary["ready_s"] <= summary["last_compiled_s"]
-    assert "_renamed_kernel" in (tmp_path / "work" / "precompile-0.log").read_text()
+    assert "_renamed_kernel" in (tmp_path / "work" / "precompile-0.log").read_text()  # the forks' log too
     assert len(_cache_entries(tmp_path / "triton")) == 1
 
 
+def _last(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text().splitlines()[-1]))
+
+
+@pytest.mark.integration
+def test_a_stopped_precompile_takes_its_forks_with_it(tmp_path: Path) -> None:
+    """Killed at the run's end, the started process takes the forks it made (one process group)."""
+    jobs = []
+    for i in range(3):
+        jobs.append(tmp_path / f"precompile-{i}.json")
+        jobs[-1].write_text(json.dumps({"sys_path": [], "variants": [{"module": "time", "name": "x"}]}))
+    code = (
+        "import sys, time; from opgate.validators import tritonvariants as t;"
+        "t.compile_variant = lambda v: time.sleep(600); sys.exit(t.run_jobs([__import__('pathlib').Path(a) "
+        "for a in sys.argv[1:]]))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, jobs)], start_new_session=True)
+    handle = tritonvariants._Session(proc)  # what fresh_interpreter returns
+    deadline = time.monotonic() + 60
+    forks: list[int] = []
+    while len(forks) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        forks = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    assert len(forks) == 2  # one fork per further job
+    assert handle.poll() is None
+    handle.kill()
+    for pid in forks:
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{pid}").exists(), f"fork {pid} outlived the precompile"
+
+
 def test_no_variants_or_switched_off_starts_nothing(tmp_path: Path) -> None:
-    def launch(job: Path) -> tritonvariants.Handle:
-        raise AssertionError(f"started {job}")
+    def launch(jobs: Sequence[Path]) -> tritonvariants.Handle:
+        raise AssertionError(f"started {jobs}")
 
     assert tritonvariants.start(tmp_path, {}, cores=8, launch=launch, sys_path=[]) is None
     assert tritonvariants.start(tmp_path, {"a.triton": []}, cores=8, launch=launch, sys_path=[]) is None
@@ -153,8 +195,9 @@ def test_processes_share_the_variants_as_cores_allow(tmp_path: Path) -> None:
         def kill(self) -> object:
             raise AssertionError("a finished process is not killed")
 
-    def launch(job: Path) -> tritonvariants.Handle:
-        started.append(job)
+    def launch(jobs: Sequence[Path]) -> tritonvariants.Handle:
+        assert not started  # one process started for them all
+        started.extend(jobs)
         return Done()
 
     todo = {"b.triton": [{"n": i} for i in range(10)], "a.triton": [{"n": 10}]}
@@ -164,7 +207,8 @@ def test_processes_share_the_variants_as_cores_allow(tmp_path: Path) -> None:
     shares = [json.loads(p.read_text()) for p in started]
     assert sorted(v["n"] for s in shares for v in s["variants"]) == list(range(11))
     assert {tuple(s["sys_path"]) for s in shares} == {("/r",)}
-    assert len(tritonvariants.start(tmp_path, todo, cores=16, launch=launch, sys_path=[]).procs) == 3  # type: ignore[union-attr]
+    started.clear()
+    assert len(tritonvariants.start(tmp_path, todo, cores=16, launch=launch, sys_path=[]).jobs) == 3  # type: ignore[union-attr]
     summary = run.stop()  # neither said anything: every variant unfinished
     assert (summary["compiled"], summary["unfinished"], summary["processes"]) == (0, 11, 2)
 
@@ -185,14 +229,21 @@ def test_recorder_tags_each_variant_with_the_running_cells_op(
     assert tritonvariants.install_recorder({tritonvariants.RUN_VARIABLE: str(tmp_path)})
     hook = knobs.runtime.jit_cache_hook
     hook(**_hook_call("m", "before_any_cell", "{}"))  # between cells: not an op's
-    tritonvariants.set_current("rope.triton")
+    tritonvariants.set_current("rope.triton", "rope-cell-1")
     for name in ("k1", "k1", "k2"):  # a variant compiled twice is recorded once
         assert hook(**_hook_call("m", name, json.dumps({"n": name}))) is None  # never skips a compile
+    tritonvariants.set_current("rope.triton", "rope-cell-2")
+    hook(**_hook_call("m", "k1", json.dumps({"n": "k1"})))  # this process has it: not again
+    hook(**_hook_call("m", "k3", json.dumps({"n": "k3"})))
     hook(**_hook_call("m", "f.<locals>.k", "{}"))  # a fresh process could not import it
     tritonvariants.set_current(None)
-    assert seen == ["before_any_cell", "k1", "k1", "k2", "f.<locals>.k"]  # the hook set before still runs
+    assert seen == ["before_any_cell", "k1", "k1", "k2", "k1", "k3", "f.<locals>.k"]  # the earlier hook runs
     lines = [json.loads(x) for x in (tmp_path / "rope.triton.jsonl").read_text().splitlines()]
-    assert [x["name"] for x in lines] == ["k1", "k2"]
+    assert [(x["name"], x["cells"]) for x in lines] == [
+        ("k1", ["rope-cell-1"]),
+        ("k2", ["rope-cell-1"]),
+        ("k3", ["rope-cell-2"]),
+    ]
     assert [p.name for p in tmp_path.iterdir()] == ["rope.triton.jsonl"]
 
 
@@ -220,6 +271,51 @@ def test_store_merges_newest_first_and_knows_what_changed(tmp_path: Path) -> Non
     }
 
 
+def test_store_keeps_the_cells_of_each_variant_and_the_precompile_follows_the_runs_order(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def variant(n: int, *cells: str) -> dict[str, Any]:
+        return {"module": "m", "name": f"k{n}", "data": "{}", "target": {}, "cells": list(cells)}
+
+    # two workers compiled k1 (each records its own first cell), k2 by one cell, k3 by none of the run
+    lines = [variant(1, "c9"), variant(2, "c5"), variant(1, "c2"), {**variant(3), "cells": []}]
+    (run / "rope.triton.jsonl").write_text("\n".join(json.dumps(v) for v in lines) + "\n")
+    store = tritonvariants.Store(tmp_path / "store")
+    assert store.merge(run, {"rope.triton": "d1"}) == {"rope.triton": 3}
+    _, kept = store.read("rope.triton")
+    assert [(v["name"], v.get("cells")) for v in kept] == [("k1", ["c9", "c2"]), ("k2", ["c5"]), ("k3", None)]
+    # the lanes take c2 first, then c5: k1 is needed first (by c2), then k2; k3 by no cell of this run
+    assert [v["name"] for v in tritonvariants.needed_first(kept, ["c2", "c7", "c5"])] == ["k1", "k2", "k3"]
+    assert [v["name"] for v in tritonvariants.needed_first(kept, ["c5", "c9"])] == ["k2", "k1", "k3"]
+    assert [v["name"] for v in tritonvariants.needed_first(kept, [])] == ["k1", "k2", "k3"]  # stored order
+
+    started: list[Path] = []
+
+    class Done:
+        def poll(self) -> int | None:
+            return 0
+
+        def kill(self) -> object:
+            return 0
+
+    def launch(jobs: Sequence[Path]) -> tritonvariants.Handle:
+        started.extend(jobs)
+        return Done()
+
+    many = [variant(n, f"c{n}") for n in range(8)]
+    order = [f"c{n}" for n in (7, 6, 5, 4, 3, 2, 1, 0)]  # the run takes them the other way round
+    precompile = tritonvariants.start(
+        tmp_path / "w", {"rope.triton": many}, cores=2, launch=launch, sys_path=[], order=order
+    )
+    assert precompile is not None
+    firsts = [json.loads(job.read_text())["variants"] for job in started[-2:]]
+    names = [[v["name"] for v in share] for share in firsts]
+    assert names == [["k7", "k5", "k3", "k1"], ["k6", "k4", "k2", "k0"]]  # each process: the first needed
+
+
 def test_a_job_reports_running_totals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
 
@@ -233,7 +329,7 @@ def test_a_job_reports_running_totals(tmp_path: Path, monkeypatch: pytest.Monkey
     job.write_text(
         json.dumps({"sys_path": [], "variants": [{"module": "m", "name": n} for n in ("a", "bad")]})
     )
-    assert tritonvariants.run_job(job) == 0
+    assert tritonvariants.run_jobs([job]) == 0
     lines = [json.loads(x) for x in job.with_suffix(".out").read_text().splitlines()]
     assert [(x["compiled"], x["failed"], x["of"]) for x in lines] == [(1, 0, 2), (1, 1, 2)]
     assert lines[0]["ready_at"] <= lines[0]["at"] <= lines[1]["at"]
@@ -265,7 +361,7 @@ def worker_job(tmp: str) -> None:
     here = str(Path(__file__).resolve().parent.parent)
     variant = _variant({"backend": "cuda", "arch": 80, "warp_size": 32})
     job.write_text(json.dumps({"sys_path": [here], "variants": [variant]}))
-    sys.stdin = io.StringIO(json.dumps({"type": "precompile", "job": str(job)}) + "\n")
+    sys.stdin = io.StringIO(json.dumps({"type": "precompile", "jobs": [str(job)]}) + "\n")
     channel = io.StringIO()
 
     def no_cells(*_: Any) -> Any:

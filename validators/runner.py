@@ -208,12 +208,14 @@ class Runner:
         self._t0 = self._served_at = t0
         self._bytecode = bytecode.apply()  # before any child process imports torch (probe, servers)
         self._prepare()
+        self.timings["prepare_s"] = time.monotonic() - t0  # specs, cells, the plan, cache and history
         if self.changes is not None:
             _say(f"opgate: {self.changes.describe()}")
         placements = self._plan.placements
         placed = [c for c in self._plan.cells if placements[c.id].kind]
         cache = self._cache if self._may_serve() else None
         stored = {c.id for c in placed if cache is not None and cache.has(c, self._specs[c.op])}
+        self.timings["lookup_s"] = time.monotonic() - t0  # which verdicts the cache holds
         kinds = [str(placements[c.id].kind) for c in placed if c.id not in stored]  # of the cells to run
         self._start_servers(set(kinds))
         self._prefork(kinds.count("cuda"))
@@ -244,7 +246,9 @@ class Runner:
             missing=[c.id for c in self._plan.cells if c.id not in self.results],
             controls=[self.controls[k] for k in sorted(self.controls)],
         )
+        self.timings["recorded_s"] = time.monotonic() - t0  # pool ended, skips and controls recorded
         doc = write_run(run, self.out)
+        self.timings["written_s"] = time.monotonic() - t0  # results.json and junit.xml
         self._remember(run)
         self.timings["wall_s"] = time.monotonic() - t0
         write_json(self.out / "run.json", self._run_record(doc["cells"], doc.get("controls") or []))
@@ -413,7 +417,7 @@ class Runner:
 
         # the GPU cells' ops and their sources' digests now: what the variants this run compiles are of
         digests = tritonvariants.gpu_ops(tasks, self._specs, self._cache.op_digest) if self._cache else {}
-        self._start_precompile(digests, lanes + host)
+        self._start_precompile(digests, lanes + host, [t.cell.id for t in tasks])
         t = time.monotonic()
         try:
             after = prerequisites(tasks, self._specs, _built_already)
@@ -428,8 +432,9 @@ class Runner:
                 with contextlib.suppress(OSError):
                     self._precompiled = self._precompile.stop()
             self._store_variants(digests)
+            self.timings["variants_s"] = time.monotonic() - t - self.timings["pool_s"]  # stop and store
 
-    def _start_precompile(self, digests: Mapping[str, str], lanes: int) -> None:
+    def _start_precompile(self, digests: Mapping[str, str], lanes: int, order: Sequence[str]) -> None:
         """Compile the changed ops' Triton variants on the cores the lanes leave idle (tritonvariants)."""
         if not self._gpus or self._launcher is None or self._cache is None:
             return
@@ -439,6 +444,7 @@ class Runner:
             cores=len(os.sched_getaffinity(0)) - lanes,
             launch=self._precompile_launch(),
             sys_path=sorted({str(s.root) for s in self._specs.values() if getattr(s, "root", None)}),
+            order=order,
         )
 
     def _precompile_launch(self) -> tritonvariants.Launch:
@@ -449,9 +455,9 @@ class Runner:
         if not (launcher.forks("build") and launcher.startable("build")):
             return tritonvariants.fresh_interpreter(launcher.config.env("cuda", self._gpus[0]), self.python)
 
-        def fork(job: Path) -> tritonvariants.Handle:
-            worker = launcher.spawn(f"precompile-{job.stem}", "build", None, fresh=True)
-            worker.send({"type": "precompile", "job": str(job)})
+        def fork(jobs: Sequence[Path]) -> tritonvariants.Handle:
+            worker = launcher.spawn("precompile", "build", None, fresh=True)
+            worker.send({"type": "precompile", "jobs": [str(job) for job in jobs]})
             return _Compiling(worker)
 
         return fork

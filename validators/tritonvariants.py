@@ -25,7 +25,10 @@ How:
   cells to run whose source digest differs from the stored one has changed:
   processes (one per idle core, at most one per :data:`PER_PROCESS` variants)
   import its kernels' modules and compile each stored variant with
-  ``triton.compile`` for the stored target.  It is the compile the cell's
+  ``triton.compile`` for the stored target.  The run starts one process; it
+  imports the kernels' modules and forks the others (:func:`run_jobs`): a
+  start is a request the run waits for, and eight of them, one per process,
+  kept a one-op run's lanes from their first cells for ~0.15 s.  It is the compile the cell's
   first launch would do, with the same cache key, into the same Triton
   cache: the cell finds the variant compiled, or waits for the compile under
   way (:mod:`validators.tritoncache`'s lock) instead of doing it again.
@@ -61,15 +64,17 @@ MAX_STORED = 512
 #: more than the compiles it would take from the lanes.
 PER_PROCESS = 4
 STORE_VERSION = 1
+#: What identifies a recorded variant (besides ``cells``: the cells that compiled it).
+VARIANT_KEYS = frozenset({"module", "name", "data", "target"})
 
-_current: list[str] = []  # the running cell's op implementation ("rope.triton"), or empty
+_current: list[str] = []  # the running cell's op implementation ("rope.triton") and id, or empty
 _recorded: set[tuple[str, str]] = set()  # (op implementation, line) this process appended already
 _target: list[dict[str, Any]] = []  # the device target, asked once
 
 
-def set_current(tag: str | None) -> None:
-    """The worker says which op implementation's cell runs now (None between cells)."""
-    _current[:] = [tag] if tag else []
+def set_current(tag: str | None, cell: str = "") -> None:
+    """The worker says which op implementation's cell runs now, and its id (None between cells)."""
+    _current[:] = [tag, cell] if tag else []
 
 
 def install_recorder(environ: Mapping[str, str] = os.environ) -> bool:
@@ -102,10 +107,12 @@ def _record(folder: Path, kwargs: Mapping[str, Any]) -> None:
         from triton.runtime import driver
 
         _target.append(dict(driver.active.get_current_target().__dict__))
-    line = json.dumps({"module": fn.module, "name": fn.name, "data": data, "target": _target[0]})
-    if (_current[0], line) in _recorded:
+    variant = {"module": fn.module, "name": fn.name, "data": data, "target": _target[0]}
+    key = json.dumps(variant)
+    if (_current[0], key) in _recorded:
         return
-    _recorded.add((_current[0], line))
+    _recorded.add((_current[0], key))
+    line = json.dumps({**variant, "cells": [_current[1]]} if _current[1] else variant)
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / f"{_current[0]}.jsonl").open("a") as out:
         out.write(line + "\n")  # one write of one line: lanes appending side by side do not interleave
@@ -118,16 +125,42 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
         for line in path.read_text().splitlines():
             with contextlib.suppress(ValueError):
                 item = json.loads(line)
-                if isinstance(item, dict) and {"module", "name", "data", "target"} <= item.keys():
+                if isinstance(item, dict) and item.keys() >= VARIANT_KEYS:
                     out.append(item)
     return out
 
 
+#: The most cells a stored variant names (those that compiled it first in their worker).
+MAX_CELLS = 16
+
+
 def _unique(items: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per variant, first come first, with the cells of all its entries (``cells``)."""
     seen: dict[str, dict[str, Any]] = {}
     for item in items:
-        seen.setdefault(json.dumps(item, sort_keys=True), dict(item))
+        variant = {k: v for k, v in item.items() if k != "cells"}
+        kept = seen.setdefault(json.dumps(variant, sort_keys=True), variant)
+        cells = [c for c in item.get("cells") or () if isinstance(c, str)]
+        if cells:
+            kept["cells"] = list(dict.fromkeys([*kept.get("cells", []), *cells]))[:MAX_CELLS]
     return list(seen.values())
+
+
+def needed_first(variants: Sequence[Mapping[str, Any]], order: Sequence[str]) -> list[Mapping[str, Any]]:
+    """``variants`` in the order this run's cells (``order``: cell ids, as dispatched) will need them.
+
+    A variant's place is that of the first of its recorded cells the run has;
+    one of no cell of the run keeps its place after those.  Started in this
+    order, each precompile process's first compile is one a lane's first cell
+    waits for, not one a cell near the end would.
+    """
+    place = {cell: i for i, cell in reversed(list(enumerate(order)))}
+    last = len(order)
+
+    def rank(variant: Mapping[str, Any]) -> int:
+        return min((place.get(c, last) for c in variant.get("cells") or ()), default=last)
+
+    return sorted(variants, key=rank)
 
 
 def gpu_ops(
@@ -197,8 +230,8 @@ class Handle(Protocol):
     def kill(self) -> object: ...
 
 
-#: Start a process compiling the job file it is given (:func:`run_job` in that process).
-Launch = Callable[[Path], Handle]
+#: Start a process compiling the job files it is given (:func:`run_jobs` in that process).
+Launch = Callable[[Sequence[Path]], Handle]
 
 
 class _Session:
@@ -217,11 +250,11 @@ class _Session:
 
 
 def fresh_interpreter(env: Mapping[str, str], python: str = sys.executable) -> Launch:
-    """Each job in a new ``python -m opgate.validators.tritonvariants JOB`` (pays torch's import)."""
+    """The jobs in a new ``python -m opgate.validators.tritonvariants JOB...`` (pays torch's import once)."""
 
-    def launch(job: Path) -> Handle:
-        argv = [python, "-m", "opgate.validators.tritonvariants", str(job)]
-        with job.with_suffix(".log").open("w") as log:
+    def launch(jobs: Sequence[Path]) -> Handle:
+        argv = [python, "-m", "opgate.validators.tritonvariants", *map(str, jobs)]
+        with jobs[0].with_suffix(".log").open("w") as log:
             proc = subprocess.Popen(
                 argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
             )
@@ -235,18 +268,18 @@ class Precompile:
     """The precompile processes of one run: started by :func:`start`, ended by :meth:`stop`."""
 
     ops: dict[str, int]  # op implementation -> variants to compile
-    jobs: list[Path] = field(default_factory=list)
-    procs: list[Handle] = field(default_factory=list)
+    jobs: list[Path] = field(default_factory=list)  # one per process
     shares: list[int] = field(default_factory=list)  # variants given to each process
+    proc: Handle | None = None  # the first process (it forked the others: one process group)
     t0: float = field(default_factory=time.time)
 
     def stop(self) -> dict[str, Any]:
         """Kill those still compiling (the run no longer needs them); what each compiled, and when."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()  # its group: the forks too
         totals: dict[str, Any] = {"compiled": 0, "failed": 0, "unfinished": 0}
         ready, done_at = [], []
-        for job, proc, share in zip(self.jobs, self.procs, self.shares, strict=True):
-            if proc.poll() is None:
-                proc.kill()
+        for job, share in zip(self.jobs, self.shares, strict=True):
             last = _last_json(job.with_suffix(".out"))  # its running totals, one line per variant
             totals["compiled"] += int(last.get("compiled", 0))
             totals["failed"] += int(last.get("failed", 0))
@@ -254,7 +287,7 @@ class Precompile:
             if "ready_at" in last:
                 ready.append(float(last["ready_at"]) - self.t0)
                 done_at.append(float(last["at"]) - self.t0)
-        summary = {"ops": self.ops, "processes": len(self.procs), **totals}
+        summary = {"ops": self.ops, "processes": len(self.jobs), **totals}
         if ready:  # seconds from the start: the imports done, the last variant compiled
             summary.update(ready_s=round(max(ready), 2), last_compiled_s=round(max(done_at), 2))
         return summary
@@ -280,12 +313,17 @@ def start(
     cores: int,
     launch: Launch,
     sys_path: Sequence[str],
+    order: Sequence[str] = (),
     environ: Mapping[str, str] = os.environ,
 ) -> Precompile | None:
-    """Start processes compiling ``variants`` (op implementation -> variants), or None if none."""
+    """Start processes compiling ``variants`` (op implementation -> variants), or None if none.
+
+    ``order``: the run's cell ids as the lanes will take them (:func:`needed_first`); the
+    variants are dealt out in that order, one to each process in turn.
+    """
     if switched_off(environ, SWITCH):
         return None
-    todo = [v for tag in sorted(variants) for v in variants[tag]]
+    todo = needed_first([v for tag in sorted(variants) for v in variants[tag]], order)
     n = min(max(cores, 1), -(-len(todo) // PER_PROCESS))
     if not todo or n < 1:
         return None
@@ -295,8 +333,8 @@ def start(
         job, share = work / f"precompile-{i}.json", todo[i::n]
         job.write_text(json.dumps({"sys_path": list(sys_path), "variants": share}))
         run.jobs.append(job)
-        run.procs.append(launch(job))
         run.shares.append(len(share))
+    run.proc = launch(run.jobs)
     return run
 
 
@@ -348,13 +386,44 @@ def compile_variant(variant: Mapping[str, Any]) -> None:
     compile(src, target=target, options=backend.parse_options(options).__dict__)
 
 
-def run_job(job_path: Path) -> int:
-    """Compile a job's variants; its running totals go to ``JOB.out``, one line per variant."""
-    job = json.loads(job_path.read_text())
+def _import_kernels(job: Mapping[str, Any]) -> None:
     sys.path[:0] = [p for p in job["sys_path"] if p not in sys.path]
     for module in sorted({v["module"] for v in job["variants"]}):
         with contextlib.suppress(Exception):  # a module that fails to import fails its variants below
             importlib.import_module(module)
+
+
+def run_jobs(paths: Sequence[Path]) -> int:
+    """Each job in a process of its own: this one takes the first and forks one per other job.
+
+    The kernels' modules are imported before the forks, once.  The forks share
+    this process's group (a kill of it takes them), and it returns once they
+    all ended: a precompile is running as long as this process is.  The
+    process is a build server's fork or a fresh interpreter, and neither has
+    started a thread or CUDA: a fork is safe.
+    """
+    jobs = [json.loads(path.read_text()) for path in paths]
+    for job in jobs:
+        _import_kernels(job)
+    children = []
+    for path, job in zip(paths[1:], jobs[1:], strict=True):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the fork's own exit, measured through its .out file
+            code = 1
+            try:
+                code = _compile_job(path, job)
+            finally:
+                os._exit(code)
+        children.append(pid)
+    code = _compile_job(paths[0], jobs[0])
+    for pid in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    return code
+
+
+def _compile_job(job_path: Path, job: Mapping[str, Any]) -> int:
+    """Compile a job's variants; its running totals go to ``JOB.out``, one line per variant."""
     compiled = failed = 0
     ready_at = time.time()  # the kernels' modules imported: compiling starts
     with job_path.with_suffix(".out").open("w") as out:
@@ -375,8 +444,8 @@ def run_job(job_path: Path) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m opgate.validators.tritonvariants JOB``: a job in a fresh interpreter."""
-    return run_job(Path((argv or sys.argv[1:])[0]))
+    """``python -m opgate.validators.tritonvariants JOB...``: the jobs, from a fresh interpreter."""
+    return run_jobs([Path(a) for a in (argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":

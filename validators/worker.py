@@ -206,7 +206,7 @@ def run_task(
             if root and root not in sys.path:
                 sys.path.insert(0, root)
             memory_mb = task.get("memory_mb")
-            tritonvariants.set_current(f"{cell.op}.{cell.impl}")  # the variants it compiles are its op's
+            tritonvariants.set_current(f"{cell.op}.{cell.impl}", cell.id)  # what it compiles: its op's
             try:
                 with limits.limited(memory_mb):
                     outcome = outcome_json(run_cell(cell, spec, device, int(task["seed"]), workdir))
@@ -494,7 +494,7 @@ def serve_loop(
             continue
         task = json.loads(line)
         if task.get("type") == "precompile":  # a changed op's Triton variants, then exit (tritonvariants)
-            return tritonvariants.run_job(Path(task["job"]))
+            return tritonvariants.run_jobs([Path(job) for job in task["jobs"]])
         reply = run_task(task, pre.specs, pre.run_cell, pre.kind)
         _send(channel, jsonable(reply))
         if not reply["healthy"]:
