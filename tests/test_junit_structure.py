@@ -99,3 +99,46 @@ def test_empty_run_writes_a_valid_file(tmp_path: Path) -> None:
     path = tmp_path / "junit.xml"
     write_junit(RunResults(cells=[], env=ENV), path)
     assert JUnitXml.fromfile(str(path)).tests == 0
+
+
+def test_indented_writes_either_element_tree_one_element_per_line() -> None:
+    """junitparser builds lxml's elements where lxml is installed, else the standard library's."""
+    from types import SimpleNamespace
+    from xml.etree import ElementTree
+
+    from opgate.validators.junit import indented
+
+    root = ElementTree.Element("testsuites", name="opgate")
+    ElementTree.SubElement(ElementTree.SubElement(root, "testsuite", name="rope"), "testcase", name="c1")
+    text = indented(SimpleNamespace(_elem=root)).decode()  # type: ignore[arg-type]
+    assert text.splitlines() == [
+        "<?xml version='1.0' encoding='utf-8'?>",
+        '<testsuites name="opgate">',
+        '\t<testsuite name="rope">',
+        '\t\t<testcase name="c1" />',
+        "\t</testsuite>",
+        "</testsuites>",
+    ]
+
+
+def test_a_results_line_encoded_when_the_cell_was_stored_is_written_as_it_was(tmp_path: Path) -> None:
+    """The run encodes each cell once; results.json takes that line while the cell is the same record."""
+    import json
+
+    from opgate.validators.result import encode_record
+
+    kept, replaced = result("rope", "fp32", Verdict.PASS), result("rope", "fp16", Verdict.PASS)
+    stale = result("rope", "fp16", Verdict.FAIL, "an earlier record of the cell")
+    kept_line = encode_record({**kept.to_json(), "reason": "as stored"})  # tells the line apart
+    encoded = {kept.id: (kept, kept_line), replaced.id: (stale, encode_record(stale.to_json()))}
+    run = RunResults(cells=[kept, replaced], env=ENV)
+    run.write(tmp_path / "results.json", encoded=encoded)
+    lines = (tmp_path / "results.json").read_text().splitlines()
+    assert kept_line + "," in lines
+    assert encode_record(replaced.to_json()) in lines  # the record changed since: encoded afresh
+    back = RunResults.read(tmp_path / "results.json")
+    assert [(c.id, c.verdict, c.reason) for c in back.cells] == [
+        (kept.id, Verdict.PASS, "as stored"),
+        (replaced.id, Verdict.PASS, ""),
+    ]
+    assert json.loads((tmp_path / "results.json").read_text())["cells"][1] == replaced.to_json()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,14 @@ def _read_lines(path: Path) -> list[CellResult]:
     return records
 
 
-def write_run(run: RunResults, out: Path) -> dict[str, Any]:
-    """Write a run's ``results.json`` and ``junit.xml`` (complete or collected); return the results."""
-    doc = run.write(out / "results.json")
+def write_run(
+    run: RunResults, out: Path, encoded: Mapping[str, tuple[CellResult, str]] | None = None
+) -> dict[str, Any]:
+    """Write a run's ``results.json`` and ``junit.xml`` (complete or collected); return the results.
+
+    ``encoded``: the cells' records as the run encoded them when it stored them (``RunResults.write``).
+    """
+    doc = run.write(out / "results.json", encoded=encoded)
     write_junit(run, out / "junit.xml")
     return doc
 

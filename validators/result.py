@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,16 +241,28 @@ class RunResults:
         doc["controls"] = [compact_record(c, self.env) for c in doc["controls"]]
         return doc
 
-    def write(self, path: Path, *, compact: bool = False) -> dict[str, Any]:
+    def write(
+        self,
+        path: Path,
+        *,
+        compact: bool = False,
+        encoded: Mapping[str, tuple[CellResult, str]] | None = None,
+    ) -> dict[str, Any]:
         """Write atomically; returns the document written (callers need not serialise it again).
 
         ``compact``: the committed form (a cell's env only where it differs from the run's).
         Either form has one cell record per line: a republish that changes a few verdicts
         changes a few lines, and the encoder is the C one (indented JSON goes through
-        Python's own, seconds for a matrix of 1700 cells).
+        Python's own, seconds for a matrix of 1700 cells).  ``encoded``: cell id -> (record,
+        its :func:`encode_record` line) made earlier, used for the cells that are still that
+        very record (a run encodes each cell once, when it stores it).
         """
         doc = self.to_compact_json() if compact else self.to_json()
-        text = dumps_one_record_per_line(doc, "cells")
+        lines = None
+        if encoded and not compact:
+            made = [(c, encoded.get(c.id)) for c in self.cells]
+            lines = [m[1] if m is not None and m[0] is c else None for c, m in made]
+        text = dumps_one_record_per_line(doc, "cells", lines)
         write_output(path, text + "\n", atomic=True)
         return doc
 
@@ -343,9 +355,20 @@ def compact_record(record: Mapping[str, Any], run_env: Mapping[str, Any] | None 
     return out
 
 
-def dumps_one_record_per_line(doc: Mapping[str, Any], key: str) -> str:
-    """JSON of ``doc`` with the list ``doc[key]`` last and one compact record per line."""
+def encode_record(record: Any) -> str:
+    """One record of :func:`dumps_one_record_per_line`: compact JSON on one line."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
+def dumps_one_record_per_line(
+    doc: Mapping[str, Any], key: str, encoded: Sequence[str | None] | None = None
+) -> str:
+    """JSON of ``doc`` with the list ``doc[key]`` last and one compact record per line.
+
+    ``encoded``: per record of ``doc[key]``, its :func:`encode_record` line if already made.
+    """
     head = json.dumps({k: v for k, v in doc.items() if k != key}, separators=(",", ":"), ensure_ascii=False)
-    records = ",\n".join(json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in doc[key])
+    made = encoded if encoded is not None else [None] * len(doc[key])
+    records = ",\n".join(line or encode_record(r) for r, line in zip(doc[key], made, strict=True))
     body = f"[\n{records}\n]" if records else "[]"
     return f"{head[:-1]}{',' if head != '{}' else ''}{json.dumps(key)}:{body}}}"
