@@ -60,6 +60,26 @@ def test_harness_splits_into_set_up_and_idle_lanes_before_and_after_their_first_
     assert breakdown(CELLS, RUN)["harness_parts_s"]["lanes idle before their first worker was ready"] == 0.0
 
 
+def test_the_runs_own_end_is_said_apart_from_the_lanes_tail() -> None:
+    """After the pool every lane is idle while the run writes results.json, junit.xml and history."""
+    workers: list[dict[str, Any]] = [
+        {"name": "cuda-gpu0-1", "startup_s": 2.0, "ready_s": 0.25, "cells": ["a", "c"]},
+        {"name": "build-cpu0-2", "startup_s": 1.5, "ready_s": 0.25, "cells": ["b"]},
+    ]
+    # 2 lanes, wall 10: the pool ran from 0.5 s to 9.5 s, the run wrote its results for 0.5 s
+    run = {**RUN, "workers": workers, "timings": {"wall_s": 10.0, "plan_s": 0.5, "pool_s": 9.0}}
+    parts = breakdown(CELLS, run)["harness_parts_s"]
+    assert parts["lanes idle while the run writes its results"] == 1.0  # 0.5 s x 2 lanes
+    assert parts["lanes idle after it"] == 0.0  # of the 1.0 idle after the first workers
+    assert parts["lanes idle before their first worker was ready"] == 0.5
+    assert (
+        breakdown(CELLS, {**run, "workers": workers, "timings": {"wall_s": 10.0}})["harness_parts_s"][
+            "lanes idle while the run writes its results"
+        ]
+        == 0.0
+    )  # a run.json of an older opgate: no pool timings, nothing said
+
+
 def test_categories() -> None:
     assert [category(n) for n in ("build", "sass", "cudagraphs", "export", "evidence", "gradcheck")] == [
         "build", "build", "compile", "compile", "profiling", "kernel runs",

@@ -115,6 +115,12 @@ def breakdown(
             lane = _lane(str(w.get("name")))
             first_ready[lane] = min(first_ready.get(lane, wall), float(w["ready_s"]))
     before_first = min(sum(first_ready.values()), idle)
+    # every lane idle while the run itself finishes after its pool: results.json, junit.xml, history
+    timings = run.get("timings") or {}
+    finishing = 0.0
+    if "pool_s" in timings and "plan_s" in timings:
+        after_pool = wall - float(timings["plan_s"]) - float(timings["pool_s"])
+        finishing = min(max(after_pool, 0.0) * len(lanes), idle - before_first)
     # work done beside the lanes, on cores they left idle: not in the capacity, said apart
     pre = run.get("triton_precompile") or {}
     beside = {k: pre[k] for k in PRECOMPILE_FIELDS if k in pre} if pre.get("processes") else {}
@@ -137,7 +143,8 @@ def breakdown(
             # library and kernel is built once: cuda_build's and tritoncache's locks)
             "waiting on another lane's build or compile": round(waits, 2),
             "lanes idle before their first worker was ready": round(before_first, 2),
-            "lanes idle after it": round(idle - before_first, 2),
+            "lanes idle after it": round(idle - before_first - finishing, 2),
+            "lanes idle while the run writes its results": round(finishing, 2),
         },
         "workers_started": len(workers),
         # each op's cells on their lanes (set-up included), largest first: a change to one op re-runs
