@@ -2,14 +2,15 @@
 """Where a fresh worker's first cell spends its time: each cell in its own forked child, profiled.
 
     python3 .ci/firstcell.py --select 'rope.*-cudagraphs' --n 4 --out out/firstcell [--kind cuda]
-        [--no-precompute]
+        [--no-precompute] [--per-child K]
 
 This process preloads as a fork server does (:func:`opgate.validators.worker.preload`),
 then forks one child per cell, as an isolated cell's worker is forked: the child makes
 its CUDA context (a worker does before its hello), then runs the cell while a thread
 samples its stack every 5 ms (the checks use ``sys.setprofile`` themselves, so cProfile
 cannot).  Per cell it writes the check durations and the sampled functions, inclusive
-and leaf (``<out>/<n>.txt``) and one JSON line to ``<out>/cells.jsonl``.
+and leaf (``<out>/<n>-<k>.txt``) and one JSON line to ``<out>/cells.jsonl``.  ``--per-child K``:
+each child runs K cells in turn, so a worker's first cell and its later ones compare directly.
 ``--no-precompute`` leaves out what the server computes before forking
 (:func:`opgate.validators.worker.precompute_keys`), so the difference is what each fresh
 worker would pay.  A diagnostic: the verdicts of these children are not opgate's
@@ -65,7 +66,8 @@ class Sampler(threading.Thread):
         return "\n".join(lines) + "\n"
 
 
-def _child(cell: Any, spec: Any, run_cell: Any, args: argparse.Namespace, n: int) -> None:
+def _child(cells: list[tuple[Any, Any]], run_cell: Any, args: argparse.Namespace, n: int) -> None:
+    """One fresh worker: its CUDA context, then ``cells`` one after the other (``--per-child``)."""
     kind, out, top = args.kind, args.out, args.top
     import torch
 
@@ -76,24 +78,26 @@ def _child(cell: Any, spec: Any, run_cell: Any, args: argparse.Namespace, n: int
     if kind == "cuda":
         warm_cuda(torch)
     context_s = time.perf_counter() - t0
-    sampler = Sampler(threading.get_ident())
-    t1 = time.perf_counter()
-    sampler.start()
-    result = run_cell(cell, spec, "cuda:0" if kind == "cuda" else "cpu", 1234, out / f"work-{n}")
-    sampler.stop.set()
-    sampler.join()
-    cell_s = time.perf_counter() - t1
-    checks = {c.name: round(c.duration_s, 3) for c in result.checks}
-    line = {
-        "cell": cell.id,
-        "verdict": (result.verdict or combine(result.checks)).value,
-        "context_s": round(context_s, 3),
-        "cell_s": round(cell_s, 3),
-        "checks": checks,
-    }
-    (out / f"{n}.txt").write_text(json.dumps(line) + "\n" + sampler.report(top))
-    with (out / "cells.jsonl").open("a") as f:
-        f.write(json.dumps(line) + "\n")
+    for k, (cell, spec) in enumerate(cells):
+        sampler = Sampler(threading.get_ident())
+        t1 = time.perf_counter()
+        sampler.start()
+        result = run_cell(cell, spec, "cuda:0" if kind == "cuda" else "cpu", 1234, out / f"work-{n}-{k}")
+        sampler.stop.set()
+        sampler.join()
+        cell_s = time.perf_counter() - t1
+        checks = {c.name: round(c.duration_s, 3) for c in result.checks}
+        line = {
+            "cell": cell.id,
+            "in_worker": k + 1,  # 1: the worker's first cell
+            "verdict": (result.verdict or combine(result.checks)).value,
+            "context_s": round(context_s, 3),
+            "cell_s": round(cell_s, 3),
+            "checks": checks,
+        }
+        (out / f"{n}-{k}.txt").write_text(json.dumps(line) + "\n" + sampler.report(top))
+        with (out / "cells.jsonl").open("a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 def main() -> int:
@@ -104,6 +108,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--top", type=int, default=40, help="profile lines per ordering")
     ap.add_argument("--no-precompute", action="store_true")
+    ap.add_argument(
+        "--per-child", type=int, default=1, help="cells each child runs in turn (the first is its first cell)"
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # as the fork server: forks stay usable
@@ -124,12 +131,14 @@ def main() -> int:
     if not cells:
         print(f"no cell matches {args.select!r}", file=sys.stderr)
         return 2
-    for n, cell in enumerate(cells[: args.n]):
+    chosen = cells[: args.n * args.per_child]
+    for n in range(0, len(chosen), args.per_child):
+        mine = [(cell, specs[cell.op]) for cell in chosen[n : n + args.per_child]]
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
-                _child(cell, specs[cell.op], run_cell, args, n)
+                _child(mine, run_cell, args, n)
             except BaseException:  # noqa: BLE001 - the child must never return into the parent's loop
                 import traceback
 
@@ -139,12 +148,10 @@ def main() -> int:
                 sys.stderr.flush()
                 os._exit(code)
         os.waitpid(pid, 0)
-        print(
-            Path(args.out / f"{n}.txt").read_text().splitlines()[0]
-            if (args.out / f"{n}.txt").exists()
-            else f"{cell.id}: no result",
-            file=sys.stderr,
-        )
+        for k, (cell, _) in enumerate(mine):
+            report = args.out / f"{n}-{k}.txt"
+            said = report.read_text().splitlines()[0] if report.exists() else f"{cell.id}: no result"
+            print(said, file=sys.stderr)
     return 0
 
 

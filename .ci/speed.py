@@ -26,7 +26,8 @@ process tree, the cells run and cached, the time breakdown (``opgate
 breakdown``) with the harness share of ``wall x busy lanes``, and the machine's
 load average before and after (the CPU machine is shared: say how loaded it
 was).  The probe is undone afterwards, whatever happens.  ``--repeat N`` runs
-one-op and nothing N times (the fastest counts, all are kept).
+one-op and nothing N times, all kept: each one-op repeat makes a change of its
+own (the first counts, the others are said beside it), the fastest nothing counts.
 
 ``--keep-warm MIN`` passes ``--keep-warm MIN`` to every run, with a private
 server folder: cold starts the fork servers (and pays their imports), the
@@ -131,15 +132,14 @@ def _preload_profile(env: dict[str, str], kind: str) -> list[tuple[str, float]]:
     return [(name, round(s, 3)) for name, s in top[:30]] + [(line, 0.0) for line in tail]
 
 
-def _probe(path: Path) -> str:
-    """Insert the probe line into the kernel; the original text (to restore) is returned."""
-    text = path.read_text()
-    if PROBE_ANCHOR not in text:
+def _probe(path: Path, original: str, n: int = 1) -> None:
+    """Write ``original`` with the probe line (the ``n``-th change) inserted into the kernel."""
+    if PROBE_ANCHOR not in original:
         raise SystemExit(f"{path}: probe anchor {PROBE_ANCHOR.strip()!r} not found")
-    head, tail = text.split(PROBE_ANCHOR, 1)
+    head, tail = original.split(PROBE_ANCHOR, 1)
     line_end = tail.index("\n") + 1
-    path.write_text(head + PROBE_ANCHOR + tail[:line_end] + PROBE_LINE + tail[line_end:])
-    return text
+    line = PROBE_LINE if n == 1 else PROBE_LINE.replace("changed", f"changed ({n})")
+    path.write_text(head + PROBE_ANCHOR + tail[:line_end] + line + tail[line_end:])
 
 
 def _fastest(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -160,7 +160,7 @@ def _row(r: dict[str, Any]) -> str:
     )
 
 
-def _ratio(probe: str, by: dict[str, dict[str, Any]]) -> list[str]:
+def _ratio(probe: str, by: dict[str, dict[str, Any]], repeats: list[dict[str, Any]]) -> list[str]:
     """cold / one-op, nothing-changed, and the bound the changed op's own cell time sets."""
     base = by.get("cold") or by.get("warm")
     if not base or "one-op" not in by:
@@ -168,6 +168,10 @@ def _ratio(probe: str, by: dict[str, dict[str, Any]]) -> list[str]:
     ratio = base["process_wall_s"] / max(by["one-op"]["process_wall_s"], 1e-9)
     nothing = by["nothing"]["process_wall_s"]
     line = f"{base['scenario']} / one-op: {ratio:.1f}x; nothing changed: {nothing:.1f} s"
+    if len(repeats) > 1:  # every one-op repeat, each its own change: the spread of the same measurement
+        walls = ", ".join(f"{r['process_wall_s']:.1f} s" for r in repeats)
+        ratios = ", ".join(f"{base['process_wall_s'] / max(r['process_wall_s'], 1e-9):.1f}x" for r in repeats)
+        line += f"; one-op repeats {walls} ({ratios})"
     return ["", line, *_bound(probe, base, by["one-op"])]
 
 
@@ -236,11 +240,12 @@ def _scenarios(
     records.append(_run("warm", out, [*run_args, "--no-cache"], env))
     save()
     probe = ROOT / args.probe
-    original = _probe(probe)
+    original = probe.read_text()
     try:
-        one += [_run(f"one-op-{i}", out, run_args, env) for i in range(1, args.repeat + 1)]
-        # the later repeats find the changed op cached: only the first is a one-op change
-        records.append({**one[0], "scenario": "one-op"})
+        for i in range(1, args.repeat + 1):  # each repeat a change of its own (the last one is cached)
+            _probe(probe, original, i)
+            one.append(_run(f"one-op-{i}", out, run_args, env))
+        records.append({**one[0], "scenario": "one-op"})  # the first; the others are said beside it
         save()
     finally:
         probe.write_text(original)
@@ -271,7 +276,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--select", action="append", default=[], metavar="GLOB")
     ap.add_argument("--probe", default=PROBE_FILE, help=f"file of the op to change (default {PROBE_FILE})")
-    ap.add_argument("--repeat", type=int, default=1, help="one-op and nothing runs (fastest counts)")
+    ap.add_argument("--repeat", type=int, default=1, help="one-op runs (each a change) and nothing runs")
     ap.add_argument("--skip-cold", action="store_true", help="keep the caches (a second pass)")
     ap.add_argument(
         "--import-profile", metavar="KIND", help="also profile a fork server's imports (cpu|cuda)"
@@ -313,7 +318,7 @@ def main() -> int:
         "|---|---|---|---|---|---|---|---|---|",
         *(_row(r) for r in records),
     ]
-    lines += _ratio(args.probe, by)
+    lines += _ratio(args.probe, by, one)
     lines += _beside(records)
     if args.keep_warm:
         lines.append("")
