@@ -174,6 +174,13 @@ PRELOAD: Mapping[str, tuple[str, ...]] = {
         "torch.export",
         "torch.testing._internal.optests",
         "torch.profiler",
+        # what every worker's first cell still imported (sys.modules before and after one cell of
+        # each mode in a fork of this preload): Triton's code generator (a JIT launch), export's
+        # tracer, the shape-guard validator and sympy's combinatorics (Dynamo and export)
+        "triton.compiler.code_generator",
+        "torch.export._trace",
+        "torch.fx.experimental.validator",
+        "sympy.combinatorics",
     ),
 }
 PRELOAD_DEFAULT = PRELOAD["cpu"]
