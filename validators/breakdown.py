@@ -115,7 +115,8 @@ def breakdown(
             lane = _lane(str(w.get("name")))
             first_ready[lane] = min(first_ready.get(lane, wall), float(w["ready_s"]))
     before_first = min(sum(first_ready.values()), idle)
-    # every lane idle while the run itself finishes after its pool: results.json, junit.xml, history
+    # every lane idle while the run itself ends after its pool: the precompile stopped, the variants
+    # stored, results.json, junit.xml and the history written
     timings = run.get("timings") or {}
     finishing = 0.0
     if "pool_s" in timings and "plan_s" in timings:

@@ -99,9 +99,9 @@ def indented(xml: JUnitXml) -> bytes:
     """The document, one element per line, tab-indented, with its XML declaration.
 
     junitparser's ``pretty`` re-parses its own output with ``minidom`` to indent it:
-    for a 625-cell run that was most of the 0.2 s the H200 run spent writing its
-    results after its last cell, every lane idle meanwhile.  The element tree
-    (lxml's where junitparser uses lxml, else the standard library's) indents itself.
+    0.04 s of the 0.10 s junit.xml took for the CPU matrix's 1784 cells, written after
+    the run's last cell with every lane idle.  The element tree (lxml's where
+    junitparser uses lxml, else the standard library's) indents itself.
     """
     elem = xml._elem  # junitparser's element: no public accessor
     try:

@@ -406,6 +406,8 @@ def run_jobs(paths: Sequence[Path]) -> int:
     for job in jobs:
         _import_kernels(job)
     children = []
+    sys.stdout.flush()
+    sys.stderr.flush()  # nothing buffered before the forks is written twice
     for path, job in zip(paths[1:], jobs[1:], strict=True):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the fork's own exit, measured through its .out file
