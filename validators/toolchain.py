@@ -22,7 +22,6 @@ is remembered, so the wheel is not fetched again for every cell).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import importlib.util
 import json
@@ -32,9 +31,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,89 +87,31 @@ def _check_version(version: str) -> str:
     return version
 
 
-#: What ``nvcc --version`` and ``--dryrun`` said of each nvcc file, by its real path, size and
-#: change times.  Every run plans its build cells by them, one or two subprocesses per CUDA
-#: version: 0.03-0.06 s of each run's start on the CPU machine, where nothing-changed takes 1 s.
-PROBES_FILE = "nvcc-probes.json"
-#: The most nvcc files remembered (the newest answers kept).
-MAX_PROBES = 64
-
-
-def _probe_key(nvcc: Path) -> str | None:
-    try:
-        real = nvcc.resolve()
-        st = real.stat()
-    except OSError:
-        return None
-    return f"{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
-
-
-def _remembered(nvcc: Path, what: str, ask: Callable[[], str | None]) -> str | None:
-    """``ask()``'s answer about ``nvcc``, from :data:`PROBES_FILE` while the file is unchanged.
-
-    An answer of None (the probe failed) is not remembered: it is asked again next time.
-    A cache that cannot be read or written only costs the probe.
-    """
-    key = _probe_key(nvcc)
-    if key is None:
-        return ask()
-    path = toolchains_root() / PROBES_FILE
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    known = known if isinstance(known, dict) else {}
-    entry = known.get(key)
-    if isinstance(entry, dict) and isinstance(entry.get(what), str):
-        return str(entry[what])
-    answer = ask()
-    if answer is None:
-        return None
-    known.pop(key, None)  # re-inserted last: the newest kept when trimmed
-    known[key] = {**(entry if isinstance(entry, dict) else {}), what: answer}
-    kept = dict(list(known.items())[-MAX_PROBES:])
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{PROBES_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(kept))
-        tmp.replace(path)  # two runs (or threads) writing at once: the last one wins, none is torn
-    return answer
-
-
 def nvcc_release(nvcc: Path) -> str | None:
     """``"13.0.88"`` from ``nvcc --version``, or None when it does not run."""
-
-    def ask() -> str | None:
-        try:
-            out = subprocess.run(
-                [str(nvcc), "--version"], capture_output=True, text=True, timeout=60, check=False
-            )
-        except OSError:
-            return None
-        m = _RELEASE_RE.search(out.stdout)
-        return m.group(3) if m else None
-
-    return _remembered(nvcc, "release", ask)
+    try:
+        out = subprocess.run(
+            [str(nvcc), "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except OSError:
+        return None
+    m = _RELEASE_RE.search(out.stdout)
+    return m.group(3) if m else None
 
 
 def nvcc_cuda_home(nvcc: Path) -> Path:
     """The toolkit root nvcc really uses (``_HERE_/..`` from ``--dryrun``), resolving wrapper scripts."""
-
-    def ask() -> str | None:
-        out = subprocess.run(
-            [str(nvcc), "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        for line in (out.stdout + out.stderr).splitlines():
-            if line.startswith("#$ _HERE_="):
-                return str(Path(line.split("=", 1)[1].strip()).resolve().parent)
-        return None
-
-    home = _remembered(nvcc, "home", ask)
-    return Path(home) if home is not None else nvcc.resolve().parent.parent
+    out = subprocess.run(
+        [str(nvcc), "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    for line in (out.stdout + out.stderr).splitlines():
+        if line.startswith("#$ _HERE_="):
+            return Path(line.split("=", 1)[1].strip()).resolve().parent
+    return nvcc.resolve().parent.parent
 
 
 def _candidates(version: str) -> Iterator[tuple[Path, str]]:
