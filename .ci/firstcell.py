@@ -14,7 +14,8 @@ each child runs K cells in turn, so a worker's first cell and its later ones com
 ``--no-precompute`` leaves out what the server computes before forking
 (:func:`opgate.validators.worker.precompute_keys`), so the difference is what each fresh
 worker would pay.  A diagnostic: the verdicts of these children are not opgate's
-verdicts (no retries, no cache, every check of the mode, perf included).
+verdicts (no retries, no cache, every check of the mode that ``OPGATE_SKIP_CHECKS``
+leaves on: ``.ci/gpu``'s step leaves perf off).
 """
 
 from __future__ import annotations

@@ -47,7 +47,6 @@ from pathlib import Path
 
 from opgate.validators.options import switched_off
 
-#: ``OPGATE_CCACHE`` values that turn the compiler cache off.
 #: Relaxed checks Inductor's compiles need to be cached at all (see the module docstring).
 SLOPPINESS = ("pch_defines", "time_macros", "include_file_mtime", "include_file_ctime")
 #: Executables that already are a compiler cache: wrapping one in ccache would cache the wrapper.

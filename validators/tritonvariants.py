@@ -27,8 +27,10 @@ How:
   import its kernels' modules and compile each stored variant with
   ``triton.compile`` for the stored target.  The run starts one process; it
   imports the kernels' modules and forks the others (:func:`run_jobs`): a
-  start is a request the run waits for, and eight of them, one per process,
-  kept a one-op run's lanes from their first cells for ~0.15 s.  It is the compile the cell's
+  start is a request to the build server the run waits for (11-24 ms each on
+  the CPU machine), made between the plan and the lanes' first cells, and one
+  is made instead of eight (on the H200 that gap was 0.16 s with eight starts,
+  0.11-0.12 s with one).  It is the compile the cell's
   first launch would do, with the same cache key, into the same Triton
   cache: the cell finds the variant compiled, or waits for the compile under
   way (:mod:`validators.tritoncache`'s lock) instead of doing it again.
