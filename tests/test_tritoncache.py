@@ -25,6 +25,10 @@ pytestmark = pytest.mark.integration  # real Triton compiles in processes of the
 
 #: A worker in miniature: waits for the start file, compiles one kernel for sm_90 through
 #: the manager Triton is configured with, and appends what it did (compiled or found) to a log.
+#: A child that missed the cache waits until all the children missed it before
+#: it goes on (to compile, or, with the single-flight manager, to take the kernel's lock): all of
+#: them then missed, however the machine schedules them.  Without it a child started late finds
+#: the first one's kernel, and neither test could tell a working manager from a broken one.
 CHILD = textwrap.dedent(
     """
     import json, os, sys, time
@@ -34,13 +38,39 @@ CHILD = textwrap.dedent(
     from triton.runtime import cache
 
     log, start, marker, ready = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+    barrier = int(sys.argv[5])  # children that must have missed before any goes on
     calls = []
     manager = triton.knobs.cache.manager_class or cache.FileCacheManager
-    put = manager.put_group
+    put, get = manager.put_group, manager.get_group
     def counted(self, filename, group):
         calls.append("compiled")
         return put(self, filename, group)
     manager.put_group = counted
+
+    def missed():
+        if "missed" in calls:
+            return
+        calls.append("missed")
+        ready.with_name(ready.name + ".missed").touch()
+        deadline = time.monotonic() + 60
+        while len(list(ready.parent.glob(f"ready_{marker}_*.missed"))) < barrier:
+            assert time.monotonic() < deadline, "the other children never missed"
+            time.sleep(0.002)
+
+    if barrier and manager is cache.FileCacheManager:
+        def get_together(self, filename):
+            group = get(self, filename)
+            if group is None:
+                missed()
+            return group
+        manager.get_group = get_together
+    elif barrier:  # the single-flight manager takes the kernel's lock after a miss
+        from opgate.validators import tritoncache
+        acquire = tritoncache._acquire
+        def acquire_together(path, wait_s):
+            missed()
+            return acquire(path, wait_s)
+        tritoncache._acquire = acquire_together
 
     @triton.jit
     def scale(x_ptr, n, BLOCK: tl.constexpr):
@@ -76,12 +106,15 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def _race(tmp_path: Path, env: dict[str, str], workers: int, marker: str) -> list[int]:
-    """Start ``workers`` processes compiling the same new kernel at the same moment: compiles each."""
+    """``workers`` processes compiling one new kernel, all past their miss together: compiles each."""
     log, start = tmp_path / f"log_{marker}.jsonl", tmp_path / f"start_{marker}"
     child = _child(tmp_path, marker)
     ready = [tmp_path / f"ready_{marker}_{i}" for i in range(workers)]
     procs = [
-        subprocess.Popen([sys.executable, str(child), str(log), str(start), marker, str(r)], env=env)
+        subprocess.Popen(
+            [sys.executable, str(child), str(log), str(start), marker, str(r), str(workers)],
+            env=env,
+        )
         for r in ready
     ]
     deadline = time.monotonic() + 120
@@ -127,7 +160,7 @@ def test_workers_racing_for_one_kernel_compile_it_once(tmp_path: Path) -> None:
 def test_without_it_each_racing_worker_compiles(tmp_path: Path) -> None:
     """The control: Triton's own manager compiles the kernel in every worker that missed."""
     compiled = _race(tmp_path, _env(tmp_path), workers=3, marker="default")
-    assert sum(compiled) >= 2, compiled
+    assert compiled == [1, 1, 1], compiled
 
 
 def _manager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str) -> object:

