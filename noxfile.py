@@ -116,7 +116,10 @@ LINT_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("zizmor", "--offline", "--persona=pedantic", "--config", ".github/zizmor.yml", ".github"),
 )
 #: How ``nox -s tests`` runs pytest: every core (xdist), a test file per worker at a time.
-PYTEST_PARALLEL: tuple[str, ...] = ("-n", os.environ.get("OPGATE_TEST_WORKERS", "auto"), "--dist", "loadfile")
+#: ``--no-loadscope-reorder``: files go out in collection order, the longest first (tests/conftest.py).
+PYTEST_PARALLEL: tuple[str, ...] = (
+    "-n", os.environ.get("OPGATE_TEST_WORKERS", "auto"), "--dist", "loadfile", "--no-loadscope-reorder",
+)  # fmt: skip
 #: Coverage of the stages and ops measured in the test processes ([tool.coverage] in pyproject.toml),
 #: with ``OPGATE_TEST_COVERAGE=1``.  Not by default: Python 3.11's trace function sees every call of
 #: the in-process torch.compile and export cells, and the suite took 575 s with it against 413 s
