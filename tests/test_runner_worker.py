@@ -110,14 +110,49 @@ class FakeCuda:
 
 
 def test_a_cuda_worker_makes_its_context_before_hello_and_survives_a_dead_device(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    warmed: list[str] = []
+    monkeypatch.setattr(worker, "warm_comparisons", lambda torch, device: warmed.append(device))
     ok = FakeCuda()
     worker.warm_cuda(ok)
     assert ok.calls == ["ones(1, cuda)", "add_(1)", "synchronize"]  # a kernel ran: the context exists
+    assert warmed == ["cuda"]  # then the comparison's kernels
+    monkeypatch.setenv(worker.WARM_COMPARISONS, "0")
+    worker.warm_cuda(FakeCuda())
+    assert warmed == ["cuda"]  # switched off
     dead = FakeCuda("CUDA error: no CUDA-capable device is detected")
     worker.warm_cuda(dead)  # the worker still says hello; the cell reports the device
     assert "CUDA did not start before the first cell: CUDA error: no CUDA-capable" in capsys.readouterr().err
+
+
+def test_warming_the_comparison_runs_it_for_each_dtype_and_never_fails_the_worker(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from opgate.validators import tolerance
+
+    seen: list[tuple[torch.dtype, int, int]] = []
+    real = tolerance.compare
+
+    def spy(op: Any, ref: Any, oracle: Any, rule: Any, label: str = "output") -> Any:
+        out = real(op, ref, oracle, rule, label)
+        seen.append((op.dtype, out[0].op_nonfinite, out[0].oracle_nonfinite))
+        return out
+
+    monkeypatch.setattr(tolerance, "compare", spy)
+    worker.warm_comparisons(torch, "cpu")
+    # every dtype the matrix compares, through the non-finite branches too (a NaN of the op, an inf oracle)
+    assert seen == [(torch.float32, 1, 1), (torch.float16, 1, 1), (torch.bfloat16, 1, 1)]
+    assert capsys.readouterr().err == ""
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise TypeError("a comparison that changed its signature")
+
+    monkeypatch.setattr(tolerance, "compare", broken)
+    worker.warm_comparisons(torch, "cpu")  # said, not raised: the worker still says hello
+    assert "comparison kernels were not loaded before the first cell: a comparison" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("last", [False, True])

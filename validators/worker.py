@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from opgate.validators import limits, tritonvariants
+from opgate.validators.options import switched_off
 
 #: Process-wide switches a worker must have before torch/triton are imported.
 CPU_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -429,20 +430,57 @@ def warm_cuda(torch: Any) -> None:
 
     A throw-away worker (an isolated cell's) is started while the lane's
     previous cell runs: made here, its context (~0.5 s on an H200) is ready
-    when the cell arrives instead of inside the cell's set-up.  Nothing more
-    is warmed here: a 16-element Triton kernel launched at this point (to move
-    Triton's first-launch cost, 0.5 s of a fresh worker's first check on the
-    H200, out of the cell) changed verdicts there: six zero-size eager cells
-    failed opcheck's output-alias comparison and 15 misaligned cudagraphs
-    cells errored (``results/runs/h200-warmup-kernel``).  A cell must meet the
-    allocator and Triton state of a fresh process.  A device that
-    cannot start is left for the cell to report: the worker still says hello.
+    when the cell arrives instead of inside the cell's set-up.  The
+    correctness comparison's own kernels are loaded here too
+    (:func:`warm_comparisons`).  Nothing of the op's: a 16-element Triton
+    kernel launched at this point (to move Triton's first-launch cost, 0.5 s
+    of a fresh worker's first check on the H200, out of the cell) changed
+    verdicts there: six zero-size eager cells failed opcheck's output-alias
+    comparison and 15 misaligned cudagraphs cells errored
+    (``results/runs/h200-warmup-kernel``).  A cell must meet the Triton state
+    of a fresh process.  A device that cannot start is left for the cell to
+    report: the worker still says hello.
     """
     try:
         torch.ones(1, device="cuda").add_(1)
         torch.cuda.synchronize()
     except (RuntimeError, AssertionError) as exc:
         print(f"opgate: CUDA did not start before the first cell: {exc}", file=sys.stderr)
+        return
+    if not switched_off(os.environ, WARM_COMPARISONS):
+        warm_comparisons(torch, "cuda")
+
+
+#: ``OPGATE_WARM_COMPARISONS=0``: a GPU worker leaves loading the comparison's kernels to its first cell.
+WARM_COMPARISONS = "OPGATE_WARM_COMPARISONS"
+
+
+def warm_comparisons(torch: Any, device: str) -> None:
+    """Run the correctness comparison (:func:`validators.tolerance.compare`) once on a few numbers.
+
+    CUDA loads a library's kernels when they are first launched.  The
+    comparison launches some twenty aten kernels per output dtype (the float64
+    casts, ``isfinite``, the masked maxima, ``frexp`` and ``ldexp`` of the ulp):
+    in a worker's first cell on the H200 it took 0.18-0.24 s against 0.01 s in
+    its second (``.ci/firstcell.py --per-child 2``, ``results/runs/h200-firstcell-2``),
+    on every lane of every run.  These are opgate's kernels, not the op's, and
+    only aten's: tiny tensors in the small pool the context already holds, all
+    freed again.  Each dtype the matrix compares, with a NaN where the oracle is
+    finite and an infinite oracle value, so every branch of the comparison runs.
+    """
+    from opgate.validators.tolerance import Rule, compare
+
+    try:
+        oracle = torch.tensor([0.5, -1.5, float("inf"), 3.0e-3, 0.0, 7.0, -2.0, 1.0], dtype=torch.float64)
+        oracle = oracle.to(device)
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            out = oracle.to(dtype)
+            out[1] = float("nan")
+            compare(out, out.clone(), oracle, Rule(k=2.0, atol_floor=0.0))
+        if device != "cpu":
+            torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - never the worker's failure: the first cell loads them, as before
+        print(f"opgate: the comparison kernels were not loaded before the first cell: {exc}", file=sys.stderr)
 
 
 def start_standby(kind: str) -> bool:
