@@ -57,14 +57,14 @@ CHILD = textwrap.dedent(
             assert time.monotonic() < deadline, "the other children never missed"
             time.sleep(0.002)
 
-    if barrier and manager is cache.FileCacheManager:
+    if manager is cache.FileCacheManager:
         def get_together(self, filename):
             group = get(self, filename)
             if group is None:
                 missed()
             return group
         manager.get_group = get_together
-    elif barrier:  # the single-flight manager takes the kernel's lock after a miss
+    else:  # the single-flight manager takes the kernel's lock after a miss
         from opgate.validators import tritoncache
         acquire = tritoncache._acquire
         def acquire_together(path, wait_s):

@@ -425,6 +425,10 @@ class Preloaded:
     run_cell: RunCell
 
 
+#: ``OPGATE_WARM_COMPARISONS=0``: a GPU worker leaves loading the comparison's kernels to its first cell.
+WARM_COMPARISONS = "OPGATE_WARM_COMPARISONS"
+
+
 def warm_cuda(torch: Any) -> None:
     """Create the CUDA context before saying hello, so no cell pays for it.
 
@@ -451,10 +455,6 @@ def warm_cuda(torch: Any) -> None:
         warm_comparisons(torch, "cuda")
 
 
-#: ``OPGATE_WARM_COMPARISONS=0``: a GPU worker leaves loading the comparison's kernels to its first cell.
-WARM_COMPARISONS = "OPGATE_WARM_COMPARISONS"
-
-
 def warm_comparisons(torch: Any, device: str) -> None:
     """Run the correctness comparison (:func:`validators.tolerance.compare`) once on a few numbers.
 
@@ -468,12 +468,14 @@ def warm_comparisons(torch: Any, device: str) -> None:
     freed again.  Each dtype the matrix compares, with a NaN where the oracle is
     finite and an infinite oracle value, so every branch of the comparison runs.
     """
+    from opgate.matrix.cell import DTYPES as MATRIX_DTYPES
+    from opgate.ops.base import DTYPES
     from opgate.validators.tolerance import Rule, compare
 
     try:
         oracle = torch.tensor([0.5, -1.5, float("inf"), 3.0e-3, 0.0, 7.0, -2.0, 1.0], dtype=torch.float64)
         oracle = oracle.to(device)
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for dtype in (DTYPES[name] for name in MATRIX_DTYPES):
             out = oracle.to(dtype)
             out[1] = float("nan")
             compare(out, out.clone(), oracle, Rule(k=2.0, atol_floor=0.0))
