@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import math
 import os
 from pathlib import Path
@@ -423,3 +424,83 @@ def test_build_cells_build_spec_libraries_only_in_a_run_with_gpus(
     runner._start_servers({"build", "cuda"} if gpus else {"build", "cpu"})
     (config,) = started
     assert config.env("build", None).get(LIBRARIES_VARIABLE) == ("1" if builds else None)
+
+
+class _EarlyServers(_Servers):
+    """The launcher stand-in, with the kinds its servers were asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: list[str] = []
+
+    def prestart(self, kinds: list[str]) -> None:
+        self.kinds += kinds
+
+
+@pytest.mark.parametrize(
+    ("stored_digest", "verdicts_stored", "use_cache", "starts"),
+    [
+        ("old", False, True, True),
+        ("old", True, True, False),  # a change taken back: its verdicts are stored, nothing may run
+        ("old", True, False, True),  # --no-cache: every cell runs
+        ("now", False, True, False),  # the variants match its sources
+        (None, False, True, False),  # never stored: its first run here
+    ],
+)
+def test_a_gpu_op_changed_since_its_variants_were_stored_starts_before_the_cache_lookup(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stored_digest: str | None,
+    *,
+    verdicts_stored: bool,
+    use_cache: bool,
+    starts: bool,
+) -> None:
+    """Its precompile and the lanes' first workers start from the plan, in the lanes' order; an op
+    whose variants still match (or were never stored) leaves it to the lookup, as before."""
+    from opgate.validators import runner as runner_module
+    from opgate.validators import tritonvariants
+    from opgate.validators.cache import VerdictCache
+    from opgate.validators.device import MachineShare, Placement
+
+    class Spec:
+        path = tmp_path / "rope.yaml"
+        root = None
+
+    rope = [cell("sm_90", mode, op="rope") for mode in ("eager", "compile")]
+    build = cell("sm_90", "build", op="rope")
+    other = cell("sm_90", "eager", op="rms_norm")
+    cache = VerdictCache(tmp_path / "cache", {"gpu": "H200"})
+    monkeypatch.setattr(cache, "op_digest", lambda spec: "now")
+    monkeypatch.setattr(cache, "has", lambda cell, spec: verdicts_stored)
+    store = tritonvariants.Store.beside(cache)
+    if stored_digest is not None:
+        variant = {"module": "m", "name": "k", "data": "{}", "target": {}, "cells": [rope[1].id]}
+        store.folder.mkdir(parents=True)
+        doc = {"version": tritonvariants.STORE_VERSION, "op_digest": stored_digest, "variants": [variant]}
+        (store.folder / "rope.triton.json").write_text(json.dumps(doc))
+    started: list[dict[str, Any]] = []
+
+    def start(work: Path, variants: Any, **kw: Any) -> None:
+        started.append({"variants": variants, **kw})
+
+    monkeypatch.setattr(tritonvariants, "start", start)
+    options = RunOptions(out=tmp_path / "out", config=None, gpu_workers=3, jobs=2, use_cache=use_cache)
+    runner = runner_module.Runner(options)
+    servers = _EarlyServers()
+    runner._launcher = servers  # type: ignore[assignment]
+    runner._gpus, runner._cache, runner._specs = [H200], cache, {"rope": Spec(), "rms_norm": Spec()}
+    placements = {c.id: Placement("cuda", arch="sm_90") for c in [*rope, other]}
+    runner._plan = MachineShare([*rope, build, other], {**placements, build.id: Placement("build")})
+    runner._start_early().join()
+    if not starts:
+        assert (started, servers.kinds, servers.early) == ([], [], [])
+        return
+    (precompile,) = started
+    assert list(precompile["variants"]) == ["rope.triton"]  # rms_norm's variants were never stored
+    assert precompile["order"][0] == rope[1].id  # compile cells before eager ones: longest first
+    assert sorted(precompile["order"]) == sorted(c.id for c in rope)
+    assert precompile["cores"] == len(os.sched_getaffinity(0)) - 3 - 2  # the cores the lanes leave idle
+    assert sorted(servers.kinds) == ["build", "cuda"]  # its build cell runs too: the precompile forks from it
+    assert [name for _, name, _ in servers.early] == ["gpu0", "gpu0.1"]  # a worker per cell, at most
+    assert runner._precompile_asked

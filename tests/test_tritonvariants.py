@@ -208,7 +208,9 @@ def test_processes_share_the_variants_as_cores_allow(tmp_path: Path) -> None:
     assert sorted(v["n"] for s in shares for v in s["variants"]) == list(range(11))
     assert {tuple(s["sys_path"]) for s in shares} == {("/r",)}
     started.clear()
-    assert len(tritonvariants.start(tmp_path, todo, cores=16, launch=launch, sys_path=[]).jobs) == 3  # type: ignore[union-attr]
+    more = tritonvariants.start(tmp_path, todo, cores=16, launch=launch, sys_path=[])
+    assert more is not None
+    assert len(more.jobs) == 3  # 16 idle cores: one process per PER_PROCESS (4) variants, 11 variants
     summary = run.stop()  # neither said anything: every variant unfinished
     assert (summary["compiled"], summary["unfinished"], summary["processes"]) == (0, 11, 2)
 

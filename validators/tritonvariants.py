@@ -25,12 +25,14 @@ How:
   cells to run whose source digest differs from the stored one has changed:
   processes (one per idle core, at most one per :data:`PER_PROCESS` variants)
   import its kernels' modules and compile each stored variant with
-  ``triton.compile`` for the stored target.  The run starts one process; it
-  imports the kernels' modules and forks the others (:func:`run_jobs`): a
+  ``triton.compile`` for the stored target.  Idle cores only: one process per
+  core (16 for 39 variants on the H200, ``results/runs/h200-early-start``)
+  slowed the lanes' first cells more than it hastened their variants.  The
+  run starts one process, beside its cache lookup (``Runner._start_early``);
+  it imports the kernels' modules and forks the others (:func:`run_jobs`): a
   start is a request to the build server the run waits for (11-24 ms each on
-  the CPU machine), made between the plan and the lanes' first cells, and one
-  is made instead of eight (on the H200 that gap was 0.16 s with eight starts,
-  0.11-0.12 s with one).  It is the compile the cell's
+  the CPU machine), and one is made instead of eight (on the H200 that gap
+  was 0.16 s with eight starts, 0.11-0.12 s with one).  It is the compile the cell's
   first launch would do, with the same cache key, into the same Triton
   cache: the cell finds the variant compiled, or waits for the compile under
   way (:mod:`validators.tritoncache`'s lock) instead of doing it again.
@@ -52,7 +54,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from opgate.validators.options import switched_off
 
@@ -66,6 +68,8 @@ MAX_STORED = 512
 #: more than the compiles it would take from the lanes.
 PER_PROCESS = 4
 STORE_VERSION = 1
+#: Op implementation ("rope.triton") -> its stored variants.
+Variants: TypeAlias = Mapping[str, Sequence[Mapping[str, Any]]]
 #: What identifies a recorded variant (besides ``cells``: the cells that compiled it).
 VARIANT_KEYS = frozenset({"module", "name", "data", "target"})
 
@@ -310,7 +314,7 @@ def _last_json(path: Path) -> dict[str, Any]:
 
 def start(
     work: Path,
-    variants: Mapping[str, Sequence[Mapping[str, Any]]],
+    variants: Variants,
     *,
     cores: int,
     launch: Launch,
