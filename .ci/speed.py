@@ -25,7 +25,8 @@ whole ``opgate run`` process and of the run itself, the CPU time of the
 process tree, the cells run and cached, the time breakdown (``opgate
 breakdown``) with the harness share of ``wall x busy lanes``, and the machine's
 load average before and after (the CPU machine is shared: say how loaded it
-was).  The probe is undone afterwards, whatever happens.  ``--repeat N`` runs
+was), and the entries each run added to the Triton and Inductor caches (what
+it compiled rather than found).  The probe is undone afterwards, whatever happens.  ``--repeat N`` runs
 one-op and nothing N times, all kept: each one-op repeat makes a change of its
 own (the first counts, the others are said beside it), the fastest nothing counts.
 
@@ -78,9 +79,11 @@ def _run(name: str, out: Path, args: list[str], env: dict[str, str]) -> dict[str
         time.sleep(GAP_S)  # before each run after the first (module doc)
     _STARTED.append(name)
     argv = [sys.executable, "-m", "opgate.reports.cli", "run", "--out", str(folder), "--no-progress", *args]
+    before = _cache_entries(env)
     load, cpu, t = _load(), _cpu_s(), time.monotonic()
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     wall, cpu = time.monotonic() - t, _cpu_s() - cpu
+    after = _cache_entries(env)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     (out / "logs" / f"{name}.log").write_text(proc.stdout + proc.stderr)
     record: dict[str, Any] = {
@@ -90,6 +93,9 @@ def _run(name: str, out: Path, args: list[str], env: dict[str, str]) -> dict[str
         "cpu_s": round(cpu, 2),
         "load_before": load,
         "load_after": _load(),
+        # what the run compiled: the entries it added to Triton's cache (a kernel variant or a
+        # launcher each, the precompile's included) and to Inductor's (FX graphs, AOT autograd)
+        "new_cache_entries": {k: len(after[k] - before[k]) for k in after},
     }
     try:
         run = json.loads((folder / "run.json").read_text())
@@ -109,6 +115,19 @@ def _run(name: str, out: Path, args: list[str], env: dict[str, str]) -> dict[str
         for log in (folder / "logs").glob("*.log"):
             log.unlink()
     return record
+
+
+def _cache_entries(env: dict[str, str]) -> dict[str, set[str]]:
+    """The entries of the runs' Triton cache (its folders) and Inductor's graph caches (their files)."""
+    out: dict[str, set[str]] = {"triton": set(), "inductor": set()}
+    triton = Path(env["TRITON_CACHE_DIR"])
+    if triton.is_dir():
+        out["triton"] = {p.name for p in triton.iterdir() if p.is_dir()}
+    inductor = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+    for part in ("fxgraph", "aotautograd"):
+        if (inductor / part).is_dir():
+            out["inductor"] |= {str(f) for f in (inductor / part).rglob("*") if f.is_file()}
+    return out
 
 
 def _preload_profile(env: dict[str, str], kind: str) -> list[tuple[str, float]]:
@@ -194,6 +213,16 @@ def _bound(probe: str, base: dict[str, Any], one: dict[str, Any]) -> list[str]:
         f"at all, {base['process_wall_s'] / best:.1f}x at best"
     )
     return [line]
+
+
+def _compiled(records: list[dict[str, Any]]) -> list[str]:
+    """Per scenario, the compile caches' new entries: what the run compiled rather than found."""
+    said = [
+        f"{r['scenario']} {n.get('triton', 0)} Triton, {n.get('inductor', 0)} Inductor"
+        for r in records
+        if (n := r.get("new_cache_entries")) is not None
+    ]
+    return ["", "New compile-cache entries (what each run compiled): " + "; ".join(said)] if said else []
 
 
 def _beside(records: list[dict[str, Any]]) -> list[str]:
@@ -320,6 +349,7 @@ def main() -> int:
     ]
     lines += _ratio(args.probe, by, one)
     lines += _beside(records)
+    lines += _compiled([r for r in records if r["scenario"] in ("cold", "warm")] + one + nothing)
     if args.keep_warm:
         lines.append("")
         lines.append(
