@@ -188,7 +188,7 @@ class Runner:
         self._bytecode = bytecode.Decision(None, "not decided: the run did not start")
         self._variants_dir = self.out / "work" / "triton-variants"  # what this run's GPU workers compiled
         self._precompile: tritonvariants.Precompile | None = None
-        self._precompile_asked = False  # the store was asked which variants changed (once a run)
+        self._precompile_early = False  # started by _start_early: the pool's start does not ask again
         self._precompiled: dict[str, Any] = {}
 
     def env(self) -> dict[str, Any]:
@@ -457,7 +457,7 @@ class Runner:
 
         # the GPU cells' ops and their sources' digests now: what the variants this run compiles are of
         digests = tritonvariants.gpu_ops(tasks, self._specs, self._cache.op_digest) if self._cache else {}
-        if not self._precompile_asked:
+        if not self._precompile_early:
             self._start_precompile(self._changed_variants(digests), lanes + host, [t.cell.id for t in tasks])
         t = time.monotonic()
         try:
@@ -507,6 +507,7 @@ class Runner:
         lanes = len(self._gpus) * self.options.gpu_workers + self._jobs()
         builds = any(placements[c].kind == "build" for c in changed)
         self._make_launcher()  # made here: the two starts below, each in its thread, ask for its servers
+        self._precompile_early = True
 
         def workers() -> None:  # the lanes' first workers: standbys of a warm server take 0.1 s
             self._start_servers({"cuda"})
@@ -523,7 +524,6 @@ class Runner:
 
     def _changed_variants(self, digests: Mapping[str, str]) -> tritonvariants.Variants:
         """The stored Triton variants of the op implementations in ``digests`` whose sources changed."""
-        self._precompile_asked = True
         if not self._gpus or self._cache is None:
             return {}
         return tritonvariants.Store.beside(self._cache).changed(digests)
