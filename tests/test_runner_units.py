@@ -505,3 +505,26 @@ def test_a_gpu_op_changed_since_its_variants_were_stored_starts_before_the_cache
     assert sorted(servers.kinds) == ["build", "cuda"]  # its build cell runs too: the precompile forks from it
     assert [name for _, name, _ in servers.early] == ["gpu0", "gpu0.1"]  # a worker per cell, at most
     assert runner._precompile_early  # the pool's start does not start another
+
+
+def test_early_starts_run_beside_the_caller_and_join_raises_what_one_raised() -> None:
+    """A start that failed fails the run at the join, as it would have in the run's own thread."""
+    import threading
+
+    from opgate.validators.earlystart import Starts
+
+    gate, done = threading.Event(), []
+
+    def waits() -> None:
+        assert gate.wait(30)  # runs while the caller goes on (the lookup)
+        done.append("waits")
+
+    def fails() -> None:
+        raise OSError("no job file")
+
+    starts = Starts(waits, fails)
+    gate.set()
+    with pytest.raises(OSError, match="no job file"):
+        starts.join()
+    assert done == ["waits"]  # the join waited for every start before raising
+    Starts().join()  # nothing to start: nothing to wait for

@@ -31,9 +31,8 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import CellsFailed
 from opgate.matrix.files import write_output
-from opgate.validators import bytecode, controls, device, env, retry_gate, tritonvariants
+from opgate.validators import bytecode, controls, device, earlystart, env, retry_gate, tritonvariants
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
 from opgate.validators.breakdown import breakdown
 from opgate.validators.cache import VerdictCache, environment_identity
@@ -116,30 +115,6 @@ def _counted(steps: Iterator[list[Task]], progress: Progress) -> Iterator[list[T
 def _built_already(name: str, sources: Any, impl: Any) -> bool:
     """Whether library ``name`` of ``impl`` is in the build cache for this torch (no torch import)."""
     return looks_built(name, sources, impl.sass, impl.ptx, device.installed_torch())
-
-
-class _Early:
-    """:meth:`Runner._start_early`'s starts, each in a thread; :meth:`join` waits for them all and
-    raises what one raised."""
-
-    def __init__(self, *works: Callable[[], None]) -> None:
-        self._raised: list[BaseException] = []
-        self._threads = [threading.Thread(target=self._run, args=(w,), daemon=True) for w in works]
-        for thread in self._threads:
-            thread.start()
-
-    def _run(self, work: Callable[[], None]) -> None:
-        try:
-            work()
-        except BaseException as exc:  # noqa: BLE001 - raised again in the run's thread by join()
-            self._raised.append(exc)
-
-    def join(self) -> None:
-        for thread in self._threads:
-            thread.join()
-        self._threads = []
-        if self._raised:
-            raise self._raised.pop()
 
 
 def _now() -> str:
@@ -473,54 +448,38 @@ class Runner:
             self._store_variants(digests)
             self.timings["variants_s"] = time.monotonic() - t - self.timings["pool_s"]  # stop and store
 
-    def _start_early(self) -> _Early:
-        """Before the cache lookup: a GPU op changed since its Triton variants were stored has cells to
-        run, so its variants' precompile and the GPU lanes' first workers start now, beside the lookup.
+    def _start_early(self) -> earlystart.Starts:
+        """Beside the cache lookup, what a changed GPU op's cells need (:mod:`validators.earlystart`).
 
-        Why: on the H200 a one-op run looked up 625 verdicts and asked for its
-        servers for 0.16 s before either started, and each lane's first cell
-        then waited in its first launch for the variant being precompiled
-        (``fake_meta`` 0.5-0.9 s, against 0.02 s in a warm run).  An op whose
-        variants were never stored (its first run on this machine) or still
-        match its sources starts nothing here, nor one whose verdicts are
-        stored for its sources as they are (a change taken back): the lookup
-        decides, as before.  The two starts (the workers from the cuda server,
-        the precompile from the build server) run in threads of their own: each
-        waits on its server's socket (a warm server checks its imports before it
-        answers, ~0.06 s on the H200) while the other and the lookup work.
+        Two threads: the lanes' first workers from the cuda server, the
+        precompile from the build server; each waits on its server's socket
+        while the other and the lookup work.
         """
         if not self._gpus or self._cache is None:
-            return _Early()
+            return earlystart.Starts()
         placements = self._plan.placements
-        gpu = [c for c in self._plan.cells if placements[c.id].kind == "cuda" and c.op in self._specs]
-        digests = {f"{c.op}.{c.impl}": self._cache.op_digest(self._specs[c.op]) for c in gpu}
-        variants = dict(self._changed_variants(digests))
-        for tag in list(variants) if self._may_serve() else ():
-            first = next(c for c in gpu if f"{c.op}.{c.impl}" == tag)
-            if self._cache.has(first, self._specs[first.op]):  # validated as it is: nothing may run
-                del variants[tag]
-        if not variants:
-            return _Early()
-        changed = {c.id for c in self._plan.cells if f"{c.op}.{c.impl}" in variants}
-        cells = [c for c in gpu if c.id in changed]
-        order = [c.id for c in longest_first(cells, expected_costs(cells, self._history, changed))]
+        kinds = {c.id: placements[c.id].kind for c in self._plan.cells}
+        early = earlystart.plan(
+            self._plan.cells, kinds, self._specs, self._cache, self._history, may_serve=self._may_serve()
+        )
+        if early is None:
+            return earlystart.Starts()
         lanes = len(self._gpus) * self.options.gpu_workers + self._jobs()
-        builds = any(placements[c].kind == "build" for c in changed)
-        self._make_launcher()  # made here: the two starts below, each in its thread, ask for its servers
+        self._make_launcher()  # made here: the two starts, each in its thread, ask for its servers
         self._precompile_early = True
 
         def workers() -> None:  # the lanes' first workers: standbys of a warm server take 0.1 s
             self._start_servers({"cuda"})
-            self._prefork(len(cells))
+            self._prefork(early.gpu_cells)
             self.timings["early_workers_s"] = time.monotonic() - self._t0
 
         def precompile() -> None:  # forked from the build server, when it is warm
-            if builds:
+            if early.builds:
                 self._start_servers({"build"})
-            self._start_precompile(variants, lanes, order)
+            self._start_precompile(early.variants, lanes, early.order)
             self.timings["early_precompile_s"] = time.monotonic() - self._t0
 
-        return _Early(workers, precompile)
+        return earlystart.Starts(workers, precompile)
 
     def _changed_variants(self, digests: Mapping[str, str]) -> tritonvariants.Variants:
         """The stored Triton variants of the op implementations in ``digests`` whose sources changed."""
