@@ -523,7 +523,8 @@ def serve_loop(
     if pre.threads > 0:
         torch.set_num_threads(pre.threads)
     if pre.kind == "cuda":
-        warm_cuda(torch)
+        if standby is None:  # a standby made its context and loaded the comparison's kernels already
+            warm_cuda(torch)
         tritonvariants.install_recorder()  # the variants its cells compile, for the next run of their op
     hello = {
         "type": "hello",
