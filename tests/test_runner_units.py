@@ -7,6 +7,8 @@ import io
 import json
 import math
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -492,7 +494,9 @@ def test_a_gpu_op_changed_since_its_variants_were_stored_starts_before_the_cache
     runner._gpus, runner._cache, runner._specs = [H200], cache, {"rope": Spec(), "rms_norm": Spec()}
     placements = {c.id: Placement("cuda", arch="sm_90") for c in [*rope, other]}
     runner._plan = MachineShare([*rope, build, other], {**placements, build.id: Placement("build")})
-    runner._start_early().join()
+    early = runner._start_early()
+    early.join()
+    early.release()
     if not starts:
         assert (started, servers.kinds, servers.early) == ([], [], [])
         assert not runner._precompile_early  # left to the pool's start, which asks for its own cells
@@ -522,9 +526,121 @@ def test_early_starts_run_beside_the_caller_and_join_raises_what_one_raised() ->
     def fails() -> None:
         raise OSError("no job file")
 
-    starts = Starts(waits, fails)
+    def fails_too() -> None:
+        raise ValueError("no server")
+
+    starts = Starts(waits, fails, fails_too)
     gate.set()
-    with pytest.raises(OSError, match="no job file"):
+    with pytest.raises((OSError, ValueError)) as raised:
         starts.join()
     assert done == ["waits"]  # the join waited for every start before raising
+    notes = getattr(raised.value, "__notes__", [])
+    assert len(notes) == 1
+    assert {str(raised.value), notes[0].rsplit(": ", 1)[-1]} == {"no job file", "no server"}  # neither lost
+    starts.release()
     Starts().join()  # nothing to start: nothing to wait for
+
+
+@pytest.mark.integration
+def test_a_process_an_early_start_started_lives_until_the_run_releases_the_start() -> None:
+    """A child that asks to die with its parent (as every worker and fork server does) is killed when
+    the *thread* that started it ends: the start's thread is kept until the run lets it go."""
+    import subprocess
+    import sys
+    import threading
+
+    from opgate.validators.earlystart import Starts
+
+    code = (
+        "import ctypes, signal, time; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL); "
+        "print('armed', flush=True); time.sleep(120)"
+    )
+    procs: list[subprocess.Popen[str]] = []
+
+    def start() -> None:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "armed"  # its parent-death signal is set
+
+    starts = Starts(start)
+    starts.join()
+    (proc,) = procs
+    try:
+        time.sleep(0.5)
+        assert proc.poll() is None  # the start's work ended; its thread, and so the child, live on
+        starts.release()
+        assert proc.wait(timeout=30) == -signal.SIGKILL  # the run's end: the thread ends, the child dies
+        assert not [t for t in threading.enumerate() if t.name.startswith("opgate-early")]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+class _StoppedLauncher(_EarlyServers):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped = 0
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError])
+def test_a_run_that_raises_in_its_lookup_stops_what_the_early_start_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: type[BaseException]
+) -> None:
+    """Ctrl-C (or an error) during the lookup: the precompile and the servers the early starts asked
+    for are stopped, the start threads end, and what was raised is what the caller sees."""
+    import threading
+
+    from opgate.validators import runner as runner_module
+    from opgate.validators import tritonvariants
+    from opgate.validators.cache import VerdictCache
+    from opgate.validators.device import MachineShare, Placement
+
+    class Spec:
+        path = tmp_path / "rope.yaml"
+        root = None
+
+    rope = [cell("sm_90", mode, op="rope") for mode in ("eager", "compile")]
+    cache = VerdictCache(tmp_path / "cache", {"gpu": "H200"})
+    monkeypatch.setattr(cache, "op_digest", lambda spec: "now")
+    asked: list[str] = []
+
+    def has(c: Cell, spec: Any) -> bool:
+        asked.append(c.id)
+        if len(asked) > 1:  # the early plan asks for one cell; the lookup's first question raises
+            raise raised("interrupted in the lookup")
+        return False
+
+    monkeypatch.setattr(cache, "has", has)
+    store = tritonvariants.Store.beside(cache)
+    store.folder.mkdir(parents=True)
+    variant = {"module": "m", "name": "k", "data": "{}", "target": {}, "op_digest": "old"}
+    doc = {"version": tritonvariants.STORE_VERSION, "op_digest": "old", "variants": [variant]}
+    (store.folder / "rope.triton.json").write_text(json.dumps(doc))
+    stops: list[str] = []
+
+    class Started:
+        def stop(self) -> dict[str, Any]:
+            stops.append("precompile")
+            return {"compiled": 0}
+
+    monkeypatch.setattr(tritonvariants, "start", lambda *a, **kw: Started())
+    runner = runner_module.Runner(RunOptions(out=tmp_path / "out", config=None, gpu_workers=2, jobs=1))
+    launcher = _StoppedLauncher()
+
+    def prepare() -> None:
+        runner._launcher = launcher  # type: ignore[assignment]
+        runner._gpus, runner._cache, runner._specs = [H200], cache, {"rope": Spec()}
+        placements = {c.id: Placement("cuda", arch="sm_90") for c in rope}
+        runner._plan = MachineShare(rope, placements)
+
+    monkeypatch.setattr(runner, "_prepare", prepare)
+    with pytest.raises(raised, match="interrupted in the lookup"):
+        runner._execute()
+    assert stops == ["precompile"]
+    assert launcher.stopped == 1
+    assert launcher.kinds == ["cuda"]  # the early start did ask for the cuda server
+    assert not [t for t in threading.enumerate() if t.name.startswith("opgate-early")]

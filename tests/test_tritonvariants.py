@@ -188,12 +188,15 @@ def test_no_variants_or_switched_off_starts_nothing(tmp_path: Path) -> None:
 def test_processes_share_the_variants_as_cores_allow(tmp_path: Path) -> None:
     started: list[Path] = []
 
+    killed: list[str] = []
+
     class Done:
         def poll(self) -> int | None:
             return 0
 
         def kill(self) -> object:
-            raise AssertionError("a finished process is not killed")
+            killed.append("group")
+            return 0
 
     def launch(jobs: Sequence[Path]) -> tritonvariants.Handle:
         assert not started  # one process started for them all
@@ -213,6 +216,7 @@ def test_processes_share_the_variants_as_cores_allow(tmp_path: Path) -> None:
     assert len(more.jobs) == 3  # 16 idle cores: one process per PER_PROCESS (4) variants, 11 variants
     summary = run.stop()  # neither said anything: every variant unfinished
     assert (summary["compiled"], summary["unfinished"], summary["processes"]) == (0, 11, 2)
+    assert killed == ["group"]  # ended or not: the forks of a first process that crashed go with its group
 
 
 def _hook_call(module: str, name: str, data: str) -> dict[str, Any]:
@@ -260,17 +264,63 @@ def test_store_merges_newest_first_and_knows_what_changed(tmp_path: Path) -> Non
         "\n".join(json.dumps(variant(n)) for n in (1, 2, 1)) + "\nnot json\n"
     )
     (run / "other.triton.jsonl").write_text(json.dumps(variant(9)) + "\n")
+
+    def stored(n: int, digest: str) -> dict[str, Any]:
+        return {**variant(n), "op_digest": digest}
+
     store = tritonvariants.Store(tmp_path / "store")
     assert store.merge(run, {"rope.triton": "d1"}) == {"rope.triton": 2}  # only the run's GPU ops
-    assert store.read("rope.triton") == ("d1", [variant(1), variant(2)])
+    assert store.read("rope.triton") == ("d1", [stored(1, "d1"), stored(2, "d1")])
     assert store.read("other.triton") == ("", [])
     (run / "rope.triton.jsonl").write_text(json.dumps(variant(3)) + "\n")
     store.merge(run, {"rope.triton": "d2"})
-    assert store.read("rope.triton") == ("d2", [variant(3), variant(1), variant(2)])
-    assert store.changed({"rope.triton": "d2"}) == {}  # compiled by the run that stored them
+    assert store.read("rope.triton") == ("d2", [stored(3, "d2"), stored(1, "d1"), stored(2, "d1")])
+    # k1 and k2 were compiled from d1's sources: a run of d2 still precompiles them, not k3
+    assert store.changed({"rope.triton": "d2"}) == {"rope.triton": [stored(1, "d1"), stored(2, "d1")]}
     assert store.changed({"rope.triton": "d3", "new.triton": "x"}) == {
         "rope.triton": store.read("rope.triton")[1]
     }
+    (run / "rope.triton.jsonl").write_text("\n".join(json.dumps(variant(n)) for n in (1, 2)) + "\n")
+    store.merge(run, {"rope.triton": "d2"})
+    assert store.changed({"rope.triton": "d2"}) == {}  # every variant compiled from the sources as they are
+    assert [p.name for p in store.folder.iterdir() if p.suffix == ".tmp"] == []
+
+
+def test_a_run_of_some_cells_leaves_the_others_variants_to_precompile_and_drops_what_no_cell_compiles(
+    tmp_path: Path,
+) -> None:
+    """A change, then a run of a few of the op's cells (``--select``): the variants those cells compiled
+    are of the new sources, the others still of the old ones (the next run precompiles them); a
+    variant whose cell ran without compiling it is one the kernel no longer has."""
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def variant(n: int, *cells: str) -> dict[str, Any]:
+        return {"module": "m", "name": f"k{n}", "data": "{}", "target": {}, "cells": list(cells)}
+
+    store = tritonvariants.Store(tmp_path / "store")
+    before = [variant(1, "bf16-eager"), variant(2, "fp16-eager"), variant(3, "bf16-compile")]
+    (run / "rope.triton.jsonl").write_text("\n".join(json.dumps(v) for v in before) + "\n")
+    store.merge(run, {"rope.triton": "old"}, ran=["bf16-eager", "fp16-eager", "bf16-compile"])
+    # the change: the bf16 cells run alone; bf16-eager compiles k1 again, bf16-compile now compiles k4
+    after = [variant(1, "bf16-eager"), variant(4, "bf16-compile")]
+    (run / "rope.triton.jsonl").write_text("\n".join(json.dumps(v) for v in after) + "\n")
+    store.merge(run, {"rope.triton": "new"}, ran=["bf16-eager", "bf16-compile"])
+    _, kept = store.read("rope.triton")
+    assert [(v["name"], v["op_digest"]) for v in kept] == [("k1", "new"), ("k4", "new"), ("k2", "old")]
+    assert [v["name"] for v in store.changed({"rope.triton": "new"})["rope.triton"]] == ["k2"]
+
+
+def test_a_store_of_the_earlier_format_is_not_read(tmp_path: Path) -> None:
+    """Version 1 kept one digest for the op: read as nothing stored, replaced at the next merge."""
+    store = tritonvariants.Store(tmp_path / "store")
+    store.folder.mkdir(parents=True)
+    variant = {"module": "m", "name": "k", "data": "{}", "target": {}}
+    (store.folder / "rope.triton.json").write_text(
+        json.dumps({"version": 1, "op_digest": "d", "variants": [variant]})
+    )
+    assert store.read("rope.triton") == ("", [])
+    assert store.changed({"rope.triton": "x"}) == {}
 
 
 def test_store_keeps_the_cells_of_each_variant_and_the_precompile_follows_the_runs_order(

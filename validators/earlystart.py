@@ -74,23 +74,51 @@ def plan(
 
 
 class Starts:
-    """Each start in a thread of its own; :meth:`join` waits for them all and raises what one raised."""
+    """Each start in a thread of its own, kept alive until :meth:`release` (the run's end).
+
+    :meth:`join` waits for every start's work and raises what one raised.  The
+    threads then wait, parked, until the run releases them: a process that asks
+    the kernel to kill it when its parent dies (``PR_SET_PDEATHSIG``, every
+    worker and fork server, :func:`validators.worker.arm`) is killed when the
+    *thread* that started it ends, not the process; a start's thread that
+    ended at once killed the fork server or worker it had just started, as
+    soon as that process had armed itself.
+    """
 
     def __init__(self, *works: Callable[[], None]) -> None:
         self._raised: list[BaseException] = []
-        self._threads = [threading.Thread(target=self._run, args=(w,), daemon=True) for w in works]
+        self._done = [threading.Event() for _ in works]
+        self._released = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(w, d), daemon=True, name=f"opgate-early-{i}")
+            for i, (w, d) in enumerate(zip(works, self._done, strict=True))
+        ]
         for thread in self._threads:
             thread.start()
 
-    def _run(self, work: Callable[[], None]) -> None:
+    def _run(self, work: Callable[[], None], done: threading.Event) -> None:
         try:
             work()
         except BaseException as exc:  # noqa: BLE001 - raised again in the run's thread by join()
             self._raised.append(exc)
+        finally:
+            done.set()
+        self._released.wait()  # the processes this thread started live as long as the run
 
     def join(self) -> None:
+        """Wait for every start's work; raise the first failure (the others as its notes)."""
+        for done in self._done:
+            done.wait()
+        if self._raised:
+            first, *others = self._raised
+            self._raised = []
+            for other in others:
+                first.add_note(f"another early start failed too: {type(other).__name__}: {other}")
+            raise first
+
+    def release(self) -> None:
+        """The run ended (its workers and servers stopped): the threads may end."""
+        self._released.set()
         for thread in self._threads:
             thread.join()
         self._threads = []
-        if self._raised:
-            raise self._raised.pop()

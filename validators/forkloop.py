@@ -375,13 +375,19 @@ class _Loop:
         self.standby[pid] = standby = _Standby(pid, ours, key)
         self.sel.register(ours, selectors.EVENT_READ, standby)
 
-    def _drop(self, standby: _Standby) -> None:
-        """Stop a standby nobody will take (its exit is reaped like any child's)."""
+    def _drop(self, standby: _Standby, *, reaped: bool = False) -> None:
+        """Stop a standby nobody will take (its exit is reaped like any child's).
+
+        ``reaped``: it died and was reaped already, so its pid (and the group
+        named after it) may belong to another process by now: nothing is killed.
+        A standby starts nothing of its own before a run takes it.
+        """
         self.standby.pop(standby.pid, None)
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(standby.sock)
         standby.sock.close()
-        _kill(standby.pid)
+        if not reaped:
+            _kill(standby.pid)
 
     def _preloaded(self, conn: socket.socket, req: Mapping[str, Any]) -> Preloaded:
         """A warm server's run gets the specs its own files say (loaded once per run)."""
@@ -420,7 +426,7 @@ class _Loop:
                 return
             standby = self.standby.get(pid)
             if standby is not None:  # died before a run took it
-                self._drop(standby)
+                self._drop(standby, reaped=True)
             conn = self.owner.pop(pid, None)
             self.keys.pop(pid, None)
             if conn is not None and conn.fileno() >= 0:

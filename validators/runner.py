@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -162,6 +163,7 @@ class Runner:
         self._t0 = time.monotonic()  # the run's start (reset by execute)
         self._bytecode = bytecode.Decision(None, "not decided: the run did not start")
         self._variants_dir = self.out / "work" / "triton-variants"  # what this run's GPU workers compiled
+        self._precompile_dir = self.out / "work" / "precompile"  # the precompile's jobs and progress
         self._precompile: tritonvariants.Precompile | None = None
         self._precompile_early = False  # started by _start_early: the pool's start does not ask again
         self._precompiled: dict[str, Any] = {}
@@ -214,35 +216,15 @@ class Runner:
         self._prepare()
         self.timings["prepare_s"] = time.monotonic() - t0  # specs, cells, the plan, cache and history
         early = self._start_early()  # beside the lookup: its waits are on the servers' sockets
-        if self.changes is not None:
-            _say(f"opgate: {self.changes.describe()}")
-        placements = self._plan.placements
-        placed = [c for c in self._plan.cells if placements[c.id].kind]
-        cache = self._cache if self._may_serve() else None
         try:
-            stored = {c.id for c in placed if cache is not None and cache.has(c, self._specs[c.op])}
+            self._plan_and_run(early, t0)
+        except BaseException:  # an error or an interrupt: nothing started for this run outlives it
+            with contextlib.suppress(BaseException):
+                early.join()  # what the starts started is known, and stopped with the rest
+            self._abandon()
+            raise
         finally:
-            self.timings["lookup_s"] = time.monotonic() - t0  # which verdicts the cache holds
-            early.join()
-        kinds = [str(placements[c.id].kind) for c in placed if c.id not in stored]  # of the cells to run
-        self._start_servers(set(kinds))
-        self._prefork(kinds.count("cuda"))
-        self.timings["servers_at_s"] = time.monotonic() - t0  # servers asked for, GPU workers forked
-        runnable = [c for c in placed if c.id not in stored]
-        changed = [c.id for c in runnable] if self._may_serve() else []  # a miss: its op changed
-        costs = expected_costs(runnable, self._history, changed)
-        tasks = [self._task(c, placements[c.id]) for c in longest_first(runnable, costs)]
-        serving = self._serve_stored([c for c in placed if c.id in stored], placements)
-        if not tasks:  # nothing to overlap with: served now (a record that does not load still runs)
-            tasks = [t for step in serving for t in step]
-            serving = iter(())
-        self.timings["plan_s"] = time.monotonic() - t0
-        if tasks:
-            self._run(tasks, costs, serving)
-        else:  # what _start_early started for an op whose verdicts were stored after all
-            self._stop_precompile()
-            if self._launcher is not None:
-                self._launcher.stop()
+            early.release()
         self.timings["served_s"] = self._served_at - t0
         self._store_skips()
         self._link_controls()
@@ -265,6 +247,50 @@ class Runner:
         other, wall = self._plan.other_torch, self.timings["wall_s"]
         _say(format_summary(run, wall, other, self.out, cached=len(self.cached)))
         return run, (CellsFailed.exit_code if any(c.verdict.is_bad for c in run.cells) else 0)
+
+    def _plan_and_run(self, early: earlystart.Starts, t0: float) -> None:
+        """Look the verdicts up (beside the early starts), order the cells to run, run them."""
+        if self.changes is not None:
+            _say(f"opgate: {self.changes.describe()}")
+        placements = self._plan.placements
+        placed = [c for c in self._plan.cells if placements[c.id].kind]
+        cache = self._cache if self._may_serve() else None
+        try:
+            stored = {c.id for c in placed if cache is not None and cache.has(c, self._specs[c.op])}
+        finally:
+            self.timings["lookup_s"] = time.monotonic() - t0  # which verdicts the cache holds
+        early.join()  # after the lookup: a lookup that raised is not hidden by a start that failed
+        kinds = [str(placements[c.id].kind) for c in placed if c.id not in stored]  # of the cells to run
+        self._start_servers(set(kinds))
+        self._prefork(kinds.count("cuda"))
+        self.timings["servers_at_s"] = time.monotonic() - t0  # servers asked for, GPU workers forked
+        runnable = [c for c in placed if c.id not in stored]
+        changed = [c.id for c in runnable] if self._may_serve() else []  # a miss: its op changed
+        costs = expected_costs(runnable, self._history, changed)
+        tasks = [self._task(c, placements[c.id]) for c in longest_first(runnable, costs)]
+        serving = self._serve_stored([c for c in placed if c.id in stored], placements)
+        if not tasks:  # nothing to overlap with: served now (a record that does not load still runs)
+            tasks = [t for step in serving for t in step]
+            serving = iter(())
+        self.timings["plan_s"] = time.monotonic() - t0
+        if tasks:
+            self._run(tasks, costs, serving)
+        else:  # what _start_early started for an op whose verdicts were stored after all
+            self._stop_precompile()
+            if self._launcher is not None:
+                self._launcher.stop()
+
+    def _abandon(self) -> None:
+        """A run that raises stops what it started: the precompile, the servers, the early workers.
+
+        The pool stops its own workers and the servers when it ends, however it
+        ends; this covers what was started before it existed (by the early
+        starts, or the servers asked for after the lookup).
+        """
+        self._stop_precompile()
+        if self._launcher is not None:
+            with contextlib.suppress(Exception):
+                self._launcher.stop()
 
     def _prepare(self) -> None:
         """Cells and specs (once), --changed-since, the GPU list, the plan, the cache and history."""
@@ -295,6 +321,8 @@ class Runner:
         self._history = History.load(root, identity)
         self._lock.acquire()
         clear_outputs(self.out)
+        for folder in (self._variants_dir, self._precompile_dir):  # the last run's: merged once, read never
+            shutil.rmtree(folder, ignore_errors=True)
         write_planned(self.out, [c.id for c in self._plan.cells])
 
     def _serve_stored(
@@ -497,14 +525,17 @@ class Runner:
         """Compile the changed ops' Triton variants on the cores the lanes leave idle (tritonvariants)."""
         if not self._gpus or self._launcher is None or self._cache is None:
             return
-        self._precompile = tritonvariants.start(
-            self.out / "work" / "precompile",
-            variants,
-            cores=len(os.sched_getaffinity(0)) - lanes,
-            launch=self._precompile_launch(),
-            sys_path=sorted({str(s.root) for s in self._specs.values() if getattr(s, "root", None)}),
-            order=order,
-        )
+        try:
+            self._precompile = tritonvariants.start(
+                self._precompile_dir,
+                variants,
+                cores=len(os.sched_getaffinity(0)) - lanes,
+                launch=self._precompile_launch(),
+                sys_path=sorted({str(s.root) for s in self._specs.values() if getattr(s, "root", None)}),
+                order=order,
+            )
+        except Exception as exc:  # noqa: BLE001 - a speed-up that did not start: the cells compile their own
+            self._precompiled = {"error": f"not started: {type(exc).__name__}: {exc}"}
 
     def _precompile_launch(self) -> tritonvariants.Launch:
         """Forks of the build server when it is ready (a warm one: torch and Triton imported), else
@@ -516,8 +547,13 @@ class Runner:
 
         def fork(jobs: Sequence[Path]) -> tritonvariants.Handle:
             worker = launcher.spawn("precompile", "build", None, fresh=True)
-            worker.send({"type": "precompile", "jobs": [str(job) for job in jobs]})
-            return _Compiling(worker)
+            compiling = _Compiling(worker)
+            try:
+                worker.send({"type": "precompile", "jobs": [str(job) for job in jobs]})
+            except BaseException:
+                compiling.kill()  # a worker that took no job is not left behind
+                raise
+            return compiling
 
         return fork
 
@@ -525,9 +561,11 @@ class Runner:
         """What this run's GPU cells compiled, kept for their op's next change (a read-only cache: not)."""
         if self._cache is None or not self._variants_dir.is_dir():
             return
+        cached = set(self.cached)
+        ran = [i for i, r in self.results.items() if i not in cached and r.verdict is not Verdict.ERROR]
         with contextlib.suppress(OSError):
             self._precompiled["recorded"] = tritonvariants.Store.beside(self._cache).merge(
-                self._variants_dir, digests
+                self._variants_dir, digests, ran
             )
 
     def _retry_or_wait(self, task: Task, views: list[AttemptView], settle: Settle) -> list[Task]:

@@ -20,9 +20,14 @@ How:
   compile.
 * **Storing.**  At the end of the run, each op's recorded variants are merged
   into a store beside the verdict cache (one folder per environment identity,
-  one file per op implementation), with the op's source digest then.
+  one file per op implementation, one run at a time), each with the op's
+  source digest it was compiled from.  A stored variant that none of this
+  run's workers compiled, though a cell that had compiled it ran, is no
+  longer needed (the kernel changed its specializations) and is dropped.
 * **Precompiling.**  At the start of a run with GPUs, an op implementation with
-  cells to run whose source digest differs from the stored one has changed:
+  cells to run and stored variants compiled from other sources than its own
+  now has changed (a run of a few of its cells leaves the others' variants
+  marked with the old sources, so the next run still precompiles those):
   processes (one per idle core, at most one per :data:`PER_PROCESS` variants)
   import its kernels' modules and compile each stored variant with
   ``triton.compile`` for the stored target.  Idle cores only: one process per
@@ -44,6 +49,7 @@ How:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib
 import json
 import os
@@ -67,10 +73,11 @@ MAX_STORED = 512
 #: A precompile process takes at least this many variants: below that, its imports cost
 #: more than the compiles it would take from the lanes.
 PER_PROCESS = 4
-STORE_VERSION = 1
+STORE_VERSION = 2
 #: Op implementation ("rope.triton") -> its stored variants.
 Variants: TypeAlias = Mapping[str, Sequence[Mapping[str, Any]]]
-#: What identifies a recorded variant (besides ``cells``: the cells that compiled it).
+#: What identifies a recorded variant (besides ``cells``, the cells that compiled it, and
+#: ``op_digest``, the op's sources it was compiled from).
 VARIANT_KEYS = frozenset({"module", "name", "data", "target"})
 
 _current: list[str] = []  # the running cell's op implementation ("rope.triton") and id, or empty
@@ -140,12 +147,16 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 MAX_CELLS = 16
 
 
+def _identity(variant: Mapping[str, Any]) -> str:
+    return json.dumps({k: variant[k] for k in sorted(VARIANT_KEYS) if k in variant}, sort_keys=True)
+
+
 def _unique(items: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per variant, first come first, with the cells of all its entries (``cells``)."""
+    """One entry per variant, first come first (its ``op_digest`` too), with the cells of all its entries."""
     seen: dict[str, dict[str, Any]] = {}
     for item in items:
         variant = {k: v for k, v in item.items() if k != "cells"}
-        kept = seen.setdefault(json.dumps(variant, sort_keys=True), variant)
+        kept = seen.setdefault(_identity(variant), variant)
         cells = [c for c in item.get("cells") or () if isinstance(c, str)]
         if cells:
             kept["cells"] = list(dict.fromkeys([*kept.get("cells", []), *cells]))[:MAX_CELLS]
@@ -189,41 +200,61 @@ class Store:
         return cls(cache.root / "triton-variants" / cache.environment_digest)
 
     def changed(self, digests: Mapping[str, str]) -> dict[str, list[dict[str, Any]]]:
-        """The stored variants of the op implementations whose sources changed since they were stored."""
+        """Per op implementation, its stored variants compiled from other sources than ``digests`` says."""
         out = {}
         for tag, digest in digests.items():
-            recorded, variants = self.read(tag)
-            if variants and recorded != digest:
-                out[tag] = variants
+            _, variants = self.read(tag)
+            stale = [v for v in variants if v.get("op_digest") != digest]
+            if stale:
+                out[tag] = stale
         return out
 
     def read(self, tag: str) -> tuple[str, list[dict[str, Any]]]:
-        """The op's source digest when recorded, and its variants (``("", [])`` when none)."""
+        """The op's source digest when last stored, and its variants (``("", [])`` when none)."""
         try:
             doc = json.loads((self.folder / f"{tag}.json").read_text())
         except (OSError, ValueError):
             return "", []
         if not isinstance(doc, dict) or doc.get("version") != STORE_VERSION:
             return "", []
-        variants = _unique(v for v in doc.get("variants", []) if isinstance(v, dict))
-        return str(doc.get("op_digest", "")), variants
+        digest = str(doc.get("op_digest", ""))
+        entries = doc.get("variants", [])
+        variants = _unique(v for v in entries if isinstance(v, dict) and v.keys() >= VARIANT_KEYS)
+        for variant in variants:
+            variant.setdefault("op_digest", digest)
+        return digest, variants
 
-    def merge(self, run_folder: Path, digests: Mapping[str, str]) -> dict[str, int]:
-        """Merge a finished run's recordings (newest first, at most :data:`MAX_STORED`); counts per op."""
+    def merge(self, run_folder: Path, digests: Mapping[str, str], ran: Iterable[str] = ()) -> dict[str, int]:
+        """Merge a finished run's recordings (newest first, at most :data:`MAX_STORED`); counts per op.
+
+        ``ran``: the ids of the cells this run ran.  A stored variant recorded
+        by one of them that this run did not record is no longer compiled by
+        any cell: it is dropped.  One run merges at a time (a lock file beside
+        the store): two runs sharing a cache keep each other's variants.
+        """
+        cells_ran = set(ran)
         counts = {}
-        for path in sorted(run_folder.glob("*.jsonl")):
-            tag = path.stem
-            if tag not in digests:
-                continue
-            new = _unique(_read_lines(path))
-            _, old = self.read(tag)
-            variants = _unique([*new, *old])[:MAX_STORED]
-            doc = {"version": STORE_VERSION, "op_digest": digests[tag], "variants": variants}
-            self.folder.mkdir(parents=True, exist_ok=True)
-            tmp = self.folder / f"{tag}.json.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(doc))
-            tmp.replace(self.folder / f"{tag}.json")
-            counts[tag] = len(new)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with (self.folder / ".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for path in sorted(run_folder.glob("*.jsonl")):
+                tag = path.stem
+                if tag not in digests:
+                    continue
+                new = [{**v, "op_digest": digests[tag]} for v in _unique(_read_lines(path))]
+                recorded = {_identity(v) for v in new}
+                _, old = self.read(tag)
+                kept = [
+                    v
+                    for v in old
+                    if _identity(v) in recorded or not cells_ran.intersection(v.get("cells") or ())
+                ]
+                variants = _unique([*new, *kept])[:MAX_STORED]
+                doc = {"version": STORE_VERSION, "op_digest": digests[tag], "variants": variants}
+                tmp = self.folder / f"{tag}.json.{os.getpid()}.tmp"
+                tmp.write_text(json.dumps(doc))
+                tmp.replace(self.folder / f"{tag}.json")
+                counts[tag] = len(new)
         return counts
 
 
@@ -281,8 +312,8 @@ class Precompile:
 
     def stop(self) -> dict[str, Any]:
         """Kill those still compiling (the run no longer needs them); what each compiled, and when."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # its group: the forks too
+        if self.proc is not None:  # its group, the forks too: also when the first process ended
+            self.proc.kill()  # before them (a crash), which leaves its forks compiling
         totals: dict[str, Any] = {"compiled": 0, "failed": 0, "unfinished": 0}
         ready, done_at = [], []
         for job, share in zip(self.jobs, self.shares, strict=True):
@@ -408,6 +439,8 @@ def run_jobs(paths: Sequence[Path]) -> int:
     process is a build server's fork or a fresh interpreter, and neither has
     started a thread or CUDA: a fork is safe.
     """
+    from opgate.validators.worker import die_with_parent  # here: worker imports this module
+
     jobs = [json.loads(path.read_text()) for path in paths]
     for job in jobs:
         _import_kernels(job)
@@ -419,6 +452,7 @@ def run_jobs(paths: Sequence[Path]) -> int:
         if pid == 0:  # pragma: no cover - the fork's own exit, measured through its .out file
             code = 1
             try:
+                die_with_parent()  # not inherited across a fork: the first process's death ends it
                 code = _compile_job(path, job)
             finally:
                 os._exit(code)
@@ -452,7 +486,13 @@ def _compile_job(job_path: Path, job: Mapping[str, Any]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m opgate.validators.tritonvariants JOB...``: the jobs, from a fresh interpreter."""
+    """``python -m opgate.validators.tritonvariants JOB...``: the jobs, from a fresh interpreter.
+
+    It dies with the run that started it (a build server's worker already does).
+    """
+    from opgate.validators.worker import die_with_parent
+
+    die_with_parent()
     return run_jobs([Path(a) for a in (argv if argv is not None else sys.argv[1:])])
 
 

@@ -85,7 +85,7 @@ def error_outcome(reason: str) -> dict[str, Any]:
     return {"checks": [], "kernels": [], "reason": reason, "verdict": "error"}
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: SIGKILL this worker if the parent dies, so no orphan holds a GPU."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -410,7 +410,7 @@ def precompute_keys(kind: str, modules: Sequence[str]) -> None:
 
 def arm() -> None:
     """Die with the parent; dump every thread's stack on a crash, or on SIGUSR1 (a hang)."""
-    _die_with_parent()
+    die_with_parent()
     faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
