@@ -499,7 +499,7 @@ def test_a_gpu_op_changed_since_its_variants_were_stored_starts_before_the_cache
     early.release()
     if not starts:
         assert (started, servers.kinds, servers.early) == ([], [], [])
-        assert not runner._precompile_early  # left to the pool's start, which asks for its own cells
+        assert not runner._precompiles.ops  # left to the pool's start, which asks for its own cells
         return
     (precompile,) = started
     assert list(precompile["variants"]) == ["rope.triton"]  # rms_norm's variants were never stored
@@ -508,7 +508,7 @@ def test_a_gpu_op_changed_since_its_variants_were_stored_starts_before_the_cache
     assert precompile["cores"] == len(os.sched_getaffinity(0)) - 3 - 2  # the cores the lanes leave idle
     assert sorted(servers.kinds) == ["build", "cuda"]  # its build cell runs too: the precompile forks from it
     assert [name for _, name, _ in servers.early] == ["gpu0", "gpu0.1"]  # a worker per cell, at most
-    assert runner._precompile_early  # the pool's start does not start another
+    assert runner._precompiles.ops == {"rope.triton"}  # the pool's start does not start it again
 
 
 def test_early_starts_run_beside_the_caller_and_join_raises_what_one_raised() -> None:

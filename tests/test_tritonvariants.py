@@ -433,7 +433,7 @@ def test_a_forked_job_whose_server_is_gone_counts_as_ended(tmp_path: Path) -> No
     import socket
 
     from opgate.validators.forkserver import ForkServer
-    from opgate.validators.runner import _Compiling
+    from opgate.validators.precompiling import Compiling
     from opgate.validators.workerproc import WorkerProcess
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -445,7 +445,7 @@ def test_a_forked_job_whose_server_is_gone_counts_as_ended(tmp_path: Path) -> No
         worker = WorkerProcess("precompile-0", "build", ["python"], {}, tmp_path / "w.log", server=server)
         assert worker.forked
         server.stop()  # the socket closed here: no exit report can come any more
-        handle = _Compiling(worker)
+        handle = Compiling(worker)
         assert handle.poll() is not None  # orphaned: its server kills it, nobody waits for it
         handle.kill()  # never raises on the closed socket (it raised EBADF and failed the run)
         assert worker.proc.stdin is not None
@@ -456,3 +456,81 @@ def test_a_forked_job_whose_server_is_gone_counts_as_ended(tmp_path: Path) -> No
             child.kill()
             child.wait()
         theirs.close()
+
+
+class _ReadyBuildServer:
+    """A launcher stand-in whose build server is ready: the precompile would fork from it."""
+
+    def forks(self, kind: str) -> bool:
+        return True
+
+    def startable(self, kind: str) -> bool:
+        return True
+
+
+#: RunPrecompile.start's arguments besides the variants: one GPU lane, the build server ready.
+_START_ARGS: dict[str, Any] = {
+    "launcher": _ReadyBuildServer(),
+    "gpu": None,
+    "sys_path": [],
+    "lanes": 1,
+    "order": [],
+}
+
+
+def test_a_runs_precompiles_start_each_changed_op_once_and_sum_up_at_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The early start precompiles one op; the pool's start the changed ops it did not (their cells
+    run too), never the same op twice; the end stops both and run.json gets one summary."""
+    from opgate.validators.precompiling import RunPrecompile
+
+    calls: list[tuple[Path, list[str]]] = []
+
+    class Started:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def stop(self) -> dict[str, Any]:
+            return {"ops": {f"op{self.n}.triton": 2}, "processes": 1, "compiled": 2, "failed": 0,
+                    "unfinished": 0, "ready_s": 0.1 * self.n, "last_compiled_s": 1.0 * self.n}  # fmt: skip
+
+    def start(work: Path, variants: tritonvariants.Variants, **kw: Any) -> Started:
+        calls.append((work, sorted(variants)))
+        return Started(len(calls))
+
+    monkeypatch.setattr(tritonvariants, "start", start)
+    run = RunPrecompile(tmp_path / "out", sys.executable)
+
+    two = {"op1.triton": [{"n": 1}], "op2.triton": [{"n": 2}]}
+    kw = _START_ARGS
+    run.start({"op1.triton": two["op1.triton"]}, **kw)  # the early start
+    run.start(two, **kw)  # the pool's start: op2 only
+    run.start(two, **kw)  # nothing left
+    assert [ops for _, ops in calls] == [["op1.triton"], ["op2.triton"]]
+    assert calls[0][0] != calls[1][0]  # each its own job folder
+    run.stop()
+    run.stop()  # once
+    assert run.summary == {
+        "ops": {"op1.triton": 2, "op2.triton": 2},
+        "processes": 2, "compiled": 4, "failed": 0, "unfinished": 0, "ready_s": 0.2, "last_compiled_s": 2.0,
+    }  # fmt: skip
+    run.start({"op3.triton": [{"n": 3}]}, **kw)
+    assert len(calls) == 2  # a stopped run starts nothing more
+
+
+def test_a_precompile_that_cannot_start_is_said_and_does_not_fail_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opgate.validators.precompiling import RunPrecompile
+
+    def start(work: Path, variants: tritonvariants.Variants, **kw: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tritonvariants, "start", start)
+    run = RunPrecompile(tmp_path / "out", sys.executable)
+
+    kw = _START_ARGS
+    run.start({"op1.triton": [{"n": 1}]}, **kw)
+    run.stop()
+    assert run.summary == {"error": "not started: OSError: [Errno 28] No space left on device"}

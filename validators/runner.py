@@ -29,8 +29,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
-import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,7 +40,16 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from opgate.matrix.cell import Cell
 from opgate.matrix.errors import CellsFailed
 from opgate.matrix.files import write_output
-from opgate.validators import bytecode, controls, device, earlystart, env, retry_gate, tritonvariants
+from opgate.validators import (
+    bytecode,
+    controls,
+    device,
+    earlystart,
+    env,
+    precompiling,
+    retry_gate,
+    tritonvariants,
+)
 from opgate.validators.attempts import AttemptView, merge_attempts, wants_retry
 from opgate.validators.breakdown import breakdown
 from opgate.validators.cache import VerdictCache, environment_identity
@@ -59,7 +66,7 @@ from opgate.validators.pool import Attempt, Pool, Task, lends_gpus
 from opgate.validators.progress import Progress, format_summary
 from opgate.validators.result import CellResult, RunResults, Verdict, encode_record
 from opgate.validators.schedule import History, expected_costs, host_lanes, longest_first, prerequisites
-from opgate.validators.workerproc import Launcher, WorkerConfig, WorkerProcess
+from opgate.validators.workerproc import Launcher, WorkerConfig
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,24 +80,6 @@ Settle: TypeAlias = "Callable[[Task, list[AttemptView]], list[Task]]"
 #: Cached verdicts served per step of the pool's loop (~1 ms each): the pool looks at its workers
 #: between steps.
 SERVE_STEP = 16
-
-
-class _Compiling:
-    """A build worker given a precompile job (:meth:`Runner._precompile_launch`)."""
-
-    def __init__(self, worker: WorkerProcess) -> None:
-        self.worker = worker
-
-    def poll(self) -> int | None:
-        if self.worker.alive:
-            return None
-        rc = self.worker.proc.poll()
-        return -signal.SIGKILL if rc is None else rc  # None: orphaned, its server killed it
-
-    def kill(self) -> object:
-        rc = self.worker.kill()
-        self.worker.release()
-        return rc
 
 
 def _rerun(task: Task) -> Task:
@@ -162,11 +151,7 @@ class Runner:
         self.timings: dict[str, float] = {}
         self._t0 = time.monotonic()  # the run's start (reset by execute)
         self._bytecode = bytecode.Decision(None, "not decided: the run did not start")
-        self._variants_dir = self.out / "work" / "triton-variants"  # what this run's GPU workers compiled
-        self._precompile_dir = self.out / "work" / "precompile"  # the precompile's jobs and progress
-        self._precompile: tritonvariants.Precompile | None = None
-        self._precompile_early = False  # started by _start_early: the pool's start does not ask again
-        self._precompiled: dict[str, Any] = {}
+        self._precompiles = precompiling.RunPrecompile(self.out, python)  # the changed ops' Triton variants
 
     def env(self) -> dict[str, Any]:
         """The fingerprint: the GPU probe's, a worker's, a cached record's, the last run's, or a probe."""
@@ -276,7 +261,7 @@ class Runner:
         if tasks:
             self._run(tasks, costs, serving)
         else:  # what _start_early started for an op whose verdicts were stored after all
-            self._stop_precompile()
+            self._precompiles.stop()
             if self._launcher is not None:
                 self._launcher.stop()
 
@@ -287,7 +272,7 @@ class Runner:
         ends; this covers what was started before it existed (by the early
         starts, or the servers asked for after the lookup).
         """
-        self._stop_precompile()
+        self._precompiles.stop()
         if self._launcher is not None:
             with contextlib.suppress(Exception):
                 self._launcher.stop()
@@ -321,8 +306,7 @@ class Runner:
         self._history = History.load(root, identity)
         self._lock.acquire()
         clear_outputs(self.out)
-        for folder in (self._variants_dir, self._precompile_dir):  # the last run's: merged once, read never
-            shutil.rmtree(folder, ignore_errors=True)
+        self._precompiles.clear()
         write_planned(self.out, [c.id for c in self._plan.cells])
 
     def _serve_stored(
@@ -392,9 +376,11 @@ class Runner:
             # a spec's ``libraries`` are for GPU cells to load: built by build cells only where some
             # GPU can load them (on a CPU machine a CUDA torch's build cell would compile C++ for nobody)
             # and their Triton variants recorded for the next run of their op (validators/tritonvariants.py)
-            extra_env={LIBRARIES_VARIABLE: "1", tritonvariants.RUN_VARIABLE: str(self._variants_dir)}
-            if gpus
-            else {},
+            extra_env=(
+                {LIBRARIES_VARIABLE: "1", tritonvariants.RUN_VARIABLE: str(self._precompiles.recordings)}
+                if gpus
+                else {}
+            ),
         )
         self._launcher = Launcher(config)
         return self._launcher
@@ -460,8 +446,8 @@ class Runner:
 
         # the GPU cells' ops and their sources' digests now: what the variants this run compiles are of
         digests = tritonvariants.gpu_ops(tasks, self._specs, self._cache.op_digest) if self._cache else {}
-        if not self._precompile_early:
-            self._start_precompile(self._changed_variants(digests), lanes + host, [t.cell.id for t in tasks])
+        # the changed ops the early start did not precompile (it started those whose cells surely run)
+        self._start_precompile(self._changed_variants(digests), lanes + host, [t.cell.id for t in tasks])
         t = time.monotonic()
         try:
             after = prerequisites(tasks, self._specs, _built_already)
@@ -472,7 +458,7 @@ class Runner:
             progress.close()
             self.timings["pool_s"] = time.monotonic() - t
             self.timings["shutdown_s"] = pool.shutdown_s
-            self._stop_precompile()
+            self._precompiles.stop()
             self._store_variants(digests)
             self.timings["variants_s"] = time.monotonic() - t - self.timings["pool_s"]  # stop and store
 
@@ -494,7 +480,6 @@ class Runner:
             return earlystart.Starts()
         lanes = len(self._gpus) * self.options.gpu_workers + self._jobs()
         self._make_launcher()  # made here: the two starts, each in its thread, ask for its servers
-        self._precompile_early = True
 
         def workers() -> None:  # the lanes' first workers: standbys of a warm server take 0.1 s
             self._start_servers({"cuda"})
@@ -515,58 +500,26 @@ class Runner:
             return {}
         return tritonvariants.Store.beside(self._cache).changed(digests)
 
-    def _stop_precompile(self) -> None:
-        """End the precompile, if any; never a reason for a run to fail: what it did, if it can say."""
-        if self._precompile is not None and not self._precompiled:
-            with contextlib.suppress(OSError):
-                self._precompiled = self._precompile.stop()
-
     def _start_precompile(self, variants: tritonvariants.Variants, lanes: int, order: Sequence[str]) -> None:
-        """Compile the changed ops' Triton variants on the cores the lanes leave idle (tritonvariants)."""
+        """The changed ops' Triton variants, compiled on the cores the lanes leave idle (precompiling)."""
         if not self._gpus or self._launcher is None or self._cache is None:
             return
-        try:
-            self._precompile = tritonvariants.start(
-                self._precompile_dir,
-                variants,
-                cores=len(os.sched_getaffinity(0)) - lanes,
-                launch=self._precompile_launch(),
-                sys_path=sorted({str(s.root) for s in self._specs.values() if getattr(s, "root", None)}),
-                order=order,
-            )
-        except Exception as exc:  # noqa: BLE001 - a speed-up that did not start: the cells compile their own
-            self._precompiled = {"error": f"not started: {type(exc).__name__}: {exc}"}
-
-    def _precompile_launch(self) -> tritonvariants.Launch:
-        """Forks of the build server when it is ready (a warm one: torch and Triton imported), else
-        fresh interpreters: a fork now beats waiting for its imports, the cells would not wait."""
-        launcher = self._launcher
-        assert launcher is not None
-        if not (launcher.forks("build") and launcher.startable("build")):
-            return tritonvariants.fresh_interpreter(launcher.config.env("cuda", self._gpus[0]), self.python)
-
-        def fork(jobs: Sequence[Path]) -> tritonvariants.Handle:
-            worker = launcher.spawn("precompile", "build", None, fresh=True)
-            compiling = _Compiling(worker)
-            try:
-                worker.send({"type": "precompile", "jobs": [str(job) for job in jobs]})
-            except BaseException:
-                compiling.kill()  # a worker that took no job is not left behind
-                raise
-            return compiling
-
-        return fork
+        self._precompiles.start(
+            variants,
+            launcher=self._launcher,
+            gpu=self._gpus[0],
+            sys_path=sorted({str(s.root) for s in self._specs.values() if getattr(s, "root", None)}),
+            lanes=lanes,
+            order=order,
+        )
 
     def _store_variants(self, digests: Mapping[str, str]) -> None:
-        """What this run's GPU cells compiled, kept for their op's next change (a read-only cache: not)."""
-        if self._cache is None or not self._variants_dir.is_dir():
+        """What this run's GPU cells compiled, kept for their op's next change."""
+        if self._cache is None:
             return
         cached = set(self.cached)
         ran = [i for i, r in self.results.items() if i not in cached and r.verdict is not Verdict.ERROR]
-        with contextlib.suppress(OSError):
-            self._precompiled["recorded"] = tritonvariants.Store.beside(self._cache).merge(
-                self._variants_dir, digests, ran
-            )
+        self._precompiles.store(self._cache, digests, ran)
 
     def _retry_or_wait(self, task: Task, views: list[AttemptView], settle: Settle) -> list[Task]:
         """A re-run now, or the control first and the re-run after it (:mod:`validators.retry_gate`)."""
@@ -726,7 +679,7 @@ class Runner:
             # where the run's processes cached Python bytecode, or why they did not (validators/bytecode.py)
             "bytecode_cache": self._bytecode.to_json(),
             # the changed ops' Triton variants compiled ahead of their cells, and what the run recorded
-            "triton_precompile": self._precompiled,
+            "triton_precompile": self._precompiles.summary,
             "other_torch_cells": self._plan.other_torch,
             "cached_cells": self.cached,
             # times from the run's start: a lane's wait for its first worker includes the planning

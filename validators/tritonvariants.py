@@ -30,9 +30,10 @@ How:
   marked with the old sources, so the next run still precompiles those):
   processes (one per idle core, at most one per :data:`PER_PROCESS` variants)
   import its kernels' modules and compile each stored variant with
-  ``triton.compile`` for the stored target.  Idle cores only: one process per
-  core (16 for 39 variants on the H200, ``results/runs/h200-early-start``)
-  slowed the lanes' first cells more than it hastened their variants.  The
+  ``triton.compile`` for the stored target.  Idle cores only (one process
+  where the lanes leave none): one process per core (16 for 39 variants on
+  the H200, ``results/runs/h200-early-start``) slowed the lanes' first cells
+  more than it hastened their variants.  The
   run starts one process, beside its cache lookup (``Runner._start_early``);
   it imports the kernels' modules and forks the others (:func:`run_jobs`): a
   start is a request to the build server the run waits for (11-24 ms each on
