@@ -314,3 +314,29 @@ def test_sigterm_mid_delivery_exits_130_without_a_traceback(diff_file: Path) -> 
     assert "interrupted" in err
     assert "Traceback" not in err
     assert receiver.delivered() == 0
+
+
+def test_a_post_given_up_while_connecting_is_never_sent_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name lookup that outlasts the deadline cannot be interrupted (no socket to shut down yet):
+    the caller reports "not delivered" (phase connect: safe to send again), so the helper thread,
+    connected at last, must not post it then."""
+    import http.client
+
+    from opgate.reports.alerts.exchange import ExchangeFailed, Phase, post
+    from tests.data.reports.receiver import serve
+
+    connect = http.client.HTTPConnection.connect
+
+    def slow_lookup(self: http.client.HTTPConnection) -> None:
+        time.sleep(2.0)  # past the deadline and the caller's grace second
+        connect(self)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "connect", slow_lookup)
+    with serve(Reply(200, "ok")) as receiver:
+        t0 = time.monotonic()
+        with pytest.raises(ExchangeFailed) as failed:
+            post(receiver.url(PATH), b"{}", {"Content-Type": "application/json"}, time.monotonic() + 0.3)
+        assert failed.value.phase is Phase.CONNECT
+        assert time.monotonic() - t0 < 2.0
+        time.sleep(2.5)  # the lookup ends, the thread connects
+        assert receiver.posts() == []

@@ -236,3 +236,26 @@ def test_a_run_takes_a_ready_standby_first_then_one_still_starting_never_another
             os.close(fd)
         for end in (starting_end, ready_end, other_end):
             end.close()
+
+
+def test_a_fork_server_whose_socket_broke_gives_up_forking_and_leaks_no_pipe(tmp_path: Path) -> None:
+    """A send that fails (the server died) closes the four pipe ends it made, and no later worker
+    asks that server again: each starts as a fresh interpreter at once."""
+    import json
+
+    from opgate.validators.forkserver import ForkServer
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    theirs.send(json.dumps({"ready": True}).encode())
+    server = ForkServer(["python"], {}, tmp_path / "server.log", connection=ours)
+    assert server.wait_ready(5.0)
+    theirs.close()  # the server is gone
+    before = sorted(p.name for p in Path("/proc/self/fd").iterdir())
+    with pytest.raises(OSError):  # noqa: PT011 - BrokenPipeError or ConnectionResetError, the kernel's choice
+        server.fork({}, tmp_path / "w.log")
+    assert sorted(p.name for p in Path("/proc/self/fd").iterdir()) == before
+    assert server.failed.startswith("fork server gone")
+    with pytest.raises(OSError, match="fork server gone"):
+        server.fork({}, tmp_path / "w.log")  # asked again: refused without a send
+    assert sorted(p.name for p in Path("/proc/self/fd").iterdir()) == before
+    ours.close()

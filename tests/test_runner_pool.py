@@ -228,6 +228,49 @@ def test_hang_is_killed_after_its_timeout(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_a_dead_workers_pipes_are_closed_when_it_dies_not_at_the_runs_end(tmp_path: Path) -> None:
+    """Isolated cells start a worker each: their pipes held to the run's end would take two file
+    descriptors per cell, and a large matrix would run out of them (EMFILE) midway."""
+
+    tasks = [task(tmp_path, shapes=f"s{i}", fresh=True) for i in range(12)]
+    pool = Pool(WorkerConfig(logs=tmp_path / "workers", module=FAKE), host_lanes=1)
+    open_fds: list[int] = []
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        open_fds.append(len(list(Path("/proc/self/fd").iterdir())))
+        return []
+
+    pool.run(tasks, on_done)
+    assert len(open_fds) == 12
+    assert max(open_fds[4:]) <= open_fds[3]  # flat: a dead worker's pipes went with it
+    gone = [w for w in pool.workers if w.released]
+    assert len(gone) == len(pool.workers)
+
+
+@pytest.mark.integration
+def test_a_reaped_workers_pid_is_never_signalled_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its group is killed once, when it is reaped (what it left running); after that its pid, and
+    the group named after it, may be another process's (another run's worker leads its own)."""
+    import os
+    import sys
+
+    from opgate.validators.workerproc import WorkerProcess
+
+    worker = WorkerProcess("w", "cpu", [sys.executable, "-c", "pass"], dict(os.environ), tmp_path / "w.log")
+    assert worker.wait(timeout=30) == 0
+    signalled: list[tuple[str, int]] = []
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: signalled.append(("group", pid)))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: signalled.append(("pid", pid)))
+    worker.kill_group()
+    assert worker.kill() == 0
+    assert worker.wait(timeout=1) == 0
+    worker.dump_stacks()
+    assert signalled == []
+
+
+@pytest.mark.integration
 def test_isolated_cells_each_get_a_fresh_prestarted_worker(tmp_path: Path) -> None:
     tasks = [task(tmp_path, shapes=f"s{i}", fresh=True) for i in range(4)]
     pool = Pool(WorkerConfig(logs=tmp_path / "workers", module=FAKE), host_lanes=1)

@@ -132,6 +132,23 @@ def test_interrupted_run_exits_130_and_publishes_only_as_incomplete(
     assert digest(report) == before
 
 
+def test_an_interrupted_run_keeps_the_cells_it_skipped_at_plan_time(tmp_path: Path) -> None:
+    """The GPU cells of a CPU machine are known skips from the plan: an interrupted run still
+    records them (one file), so only the cells it did not finish are missing."""
+    out = tmp_path / "run"
+    proc = start(out, "--select", "fx_hang.*", "--retries", "0")
+    wait_for(lambda: cell_id("fx_hang", "bf16") in finished_cells(out))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == Interrupted.exit_code
+    assert "Traceback" not in proc.communicate()[1]
+    run = RunResults.read(out / "results.json")
+    skipped = [c for c in run.cells if c.verdict is Verdict.SKIP]
+    assert len(skipped) == 3
+    assert all("-sm_90-" in c.id for c in skipped)
+    assert run.missing == [cell_id("fx_hang", "fp16"), cell_id("fx_hang", "fp32")]
+    assert run.planned == 6
+
+
 def test_killed_run_leaves_no_results_until_collected_and_then_says_what_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

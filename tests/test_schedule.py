@@ -59,6 +59,27 @@ def test_history_is_per_environment_merged_on_save_and_survives_garbage(tmp_path
     assert History.load(tmp_path, env_a).durations == {}
 
 
+def test_two_runs_sharing_a_cache_keep_each_others_measurements(tmp_path: Path) -> None:
+    """Shards with one cache: each loaded the history at its start; the one saving last must not
+    put back the figures it loaded over what the other measured meanwhile."""
+    env: dict[str, Any] = {"gpus": []}
+    earlier = History.load(tmp_path, env)
+    earlier.update({"x": 10.0, "y": 1.0})
+    earlier.save()
+    shard_a, shard_b = History.load(tmp_path, env), History.load(tmp_path, env)
+    shard_a.update({"x": 50.0})  # x changed and got slower
+    shard_a.save()
+    shard_b.update({"y": 2.0})
+    shard_b.save()
+    now = History.load(tmp_path, env)
+    assert now.durations == {"x": 50.0, "y": 2.0}
+    assert now.peaks == {"x": 50.0, "y": 2.0}
+    shard_b.update({"x": 20.0})  # a later figure of its own wins; the peak stays the longest seen
+    shard_b.save()
+    later = History.load(tmp_path, env)
+    assert (later.durations["x"], later.peaks["x"]) == (20.0, 50.0)
+
+
 def test_measured_costs_order_the_cells_and_peers_stand_in_for_the_unmeasured() -> None:
     a, b, c, d = (
         cell("eager", shapes="a"),

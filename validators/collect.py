@@ -26,7 +26,8 @@ from opgate.validators.junit import write_junit
 from opgate.validators.result import CellResult, RunResults
 
 PLANNED_FILE = "planned.json"
-#: The records of the cells a run skipped at plan time, one per line (the runner writes them at once).
+#: The records of the cells a run skipped at plan time, one per line (written once: at the run's
+#: end, or when it is interrupted).
 SKIPPED_FILE = "skipped.jsonl"
 
 

@@ -161,6 +161,11 @@ class ForkServer:
         try:
             request = {**self.request, "env": dict(env), "kind": kind, "standby": standby}
             socket.send_fds(self.sock, [json.dumps(request).encode()], [in_r, out_w, err])
+        except OSError as exc:
+            for fd in (in_w, out_r):
+                os.close(fd)
+            self._give_up(f"fork server gone ({exc.strerror or exc})")
+            raise
         finally:
             for fd in (in_r, out_w, err):
                 os.close(fd)
@@ -170,9 +175,22 @@ class ForkServer:
             if msg is None:
                 for fd in (in_w, out_r):
                     os.close(fd)
-                raise OSError("fork server did not answer a fork request")
+                self._give_up("fork server did not answer a fork request")
+                raise OSError(self.failed)
             if "pid" in msg:
                 return ForkedProcess(int(msg["pid"]), in_w, out_r, self)
+
+    def _give_up(self, why: str) -> None:
+        """No more forks from this server: later workers start as fresh interpreters.
+
+        A server that lost its socket would fail every fork the same way, and
+        one that did not answer may still answer late, to the next request
+        (whose worker would then be the wrong process).  Its socket stays open:
+        the workers it forked before run on and their exits are still reported
+        (a late answer among those reports is read and ignored).
+        """
+        self.failed = self.failed or why
+        self.ready = False
 
     def hear(self, timeout_s: float) -> None:
         """Take the server's answer if it comes within ``timeout_s`` (one still importing sends none yet)."""

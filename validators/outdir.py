@@ -38,14 +38,14 @@ def clear_outputs(out: Path) -> None:
     run goes on: deleting thousands of small files one by one costs seconds on
     a slow disk (one left behind by a killed run goes with the next).
     """
+    for name in ("results.json", "junit.xml", "run.json", PLANNED_FILE):  # first: nothing to publish
+        (out / name).unlink(missing_ok=True)
     stale = sorted(out.glob(f"{OLD_OUTPUTS}*"))
     for name in RECORD_FOLDERS:
         if (out / name).is_dir():
             moved = out / f"{OLD_OUTPUTS}{name}-{os.getpid()}-{time.time_ns()}"
             (out / name).rename(moved)
             stale.append(moved)
-    for name in ("results.json", "junit.xml", "run.json", PLANNED_FILE):
-        (out / name).unlink(missing_ok=True)
     if stale:
         code = "import shutil, sys\nfor p in sys.argv[1:]: shutil.rmtree(p, ignore_errors=True)"
         subprocess.Popen(

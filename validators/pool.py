@@ -347,6 +347,7 @@ class Pool:
         lane = self._lane_running(worker)
         self._forget(worker)
         rc = worker.wait()
+        worker.release()  # its pipes now, not at the run's end: isolated cells start a worker each
         worker.end = worker.end or exit_description(rc)
         if not worker.ready and not worker.retiring:
             self._startup_failed(worker)
@@ -382,6 +383,7 @@ class Pool:
                 self._startup_failed(worker)
                 self._forget(worker)
                 worker.kill()
+                worker.release()
                 self._pending.appendleft(task)
                 continue
             worker.dump_stacks()
@@ -389,6 +391,7 @@ class Pool:
             worker.end = reason = f"timeout after {task.timeout_s:g} s (worker killed)"
             self._forget(worker)
             worker.kill()
+            worker.release()
             _append(task.log, f"=== {reason}")
             self._finish(task, Attempt(_error(reason), now - lane.sent_at, worker.name, timed_out=True))
 
@@ -398,6 +401,8 @@ class Pool:
 
     # -- stopping ----------------------------------------------------------------------------
     def _unregister(self, worker: WorkerProcess) -> None:
+        if worker.released:  # unregistered when it died; its fd number may be a newer worker's now
+            return
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(worker.fd)
 

@@ -153,14 +153,17 @@ class Runner:
         self._bytecode = bytecode.Decision(None, "not decided: the run did not start")
         self._precompiles = precompiling.RunPrecompile(self.out, python)  # the changed ops' Triton variants
 
-    def env(self) -> dict[str, Any]:
-        """The fingerprint: the GPU probe's, a worker's, a cached record's, the last run's, or a probe."""
+    def env(self, *, probe: bool = True) -> dict[str, Any]:
+        """The fingerprint: the GPU probe's, a worker's, a cached record's, the last run's, or a probe
+        (``probe``: not for an interrupted run, which says it was not probed instead)."""
         if self._env is not None:
             return self._env
         fp = (self._pool.fingerprint if self._pool else {}) or self._probe or {}
         fp = fp or (self.results[self.cached[0]].env if self.cached else {}) or self._history.fingerprint
         if not fp and not self._plan.cells:  # nothing to describe: no torch import for it either
             fp = env.Fingerprint(error="no cell to run: the environment was not probed").to_json()
+        if not fp and not probe:
+            fp = env.Fingerprint(error="the run was interrupted before the environment was probed").to_json()
         if not fp:
             try:
                 fp = env.probe(self.python)
@@ -187,6 +190,8 @@ class Runner:
         try:
             result = self._execute()
         except KeyboardInterrupt:
+            with contextlib.suppress(Exception):  # known from the plan: collect lists them as skipped
+                self._store_skips(probe=False)
             raise
         except BaseException:
             self.release()
@@ -291,6 +296,11 @@ class Runner:
             from opgate.matrix.changes import narrow_to_changes
 
             cells, self.changes = narrow_to_changes(cells, self._specs, opts.config, opts.changed_since)
+        # the inputs are good (a bad one is an error that loses nothing): the output folder is this
+        # run's from here, before the probe and the plan, so no earlier run's results outlive a stop now
+        self._lock.acquire()
+        clear_outputs(self.out)
+        self._precompiles.clear()
         t = time.monotonic()
         listed, self._probe = env.visible_gpus(self.python)
         self.timings["probe_s"] = time.monotonic() - t
@@ -304,9 +314,6 @@ class Runner:
         root = opts.cache_dir or default_cache_root()
         self._cache = VerdictCache(root, identity)
         self._history = History.load(root, identity)
-        self._lock.acquire()
-        clear_outputs(self.out)
-        self._precompiles.clear()
         write_planned(self.out, [c.id for c in self._plan.cells])
 
     def _serve_stored(
@@ -634,14 +641,20 @@ class Runner:
             self._cache.put(result, self._specs[cell.op], self._log(cell))
         return result
 
-    def _store_skips(self) -> None:
+    def _store_skips(self, *, probe: bool = True) -> None:
         """The cells this machine cannot run, in one file (``cells/skipped.jsonl``), not one file each.
 
         They are known from the plan; on a CPU machine they are most of the
         matrix (every GPU cell), and a file per record costs an open per cell.
+        Written at the run's end, or when it is interrupted (``probe``: False
+        then, no torch import to describe the environment while it stops).
         """
+        if not self.owns_output:
+            return
         skips = [
-            CellResult(cell, Verdict.SKIP, self.env(), reason=reason, repro=self._repro(cell, None))
+            CellResult(
+                cell, Verdict.SKIP, self.env(probe=probe), reason=reason, repro=self._repro(cell, None)
+            )
             for cell in self._plan.cells
             if cell.id not in self.results and (reason := self._plan.placements[cell.id].skip_reason)
         ]

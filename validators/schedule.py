@@ -17,6 +17,7 @@ cost the most it ever took here (its cold compile), not its last, warm, run.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -47,6 +48,8 @@ class History:
     #: the environment's last fingerprint: a run that starts no worker still writes a real one
     fingerprint: dict[str, Any] = field(default_factory=dict)
     peaks: dict[str, float] = field(default_factory=dict)  # the longest run of each cell
+    #: what this process measured (:meth:`update`): all :meth:`save` writes over the file's figures
+    measured: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def load(cls, root: Path, identity: Mapping[str, Any]) -> History:
@@ -59,25 +62,35 @@ class History:
         """Record what cells that ran took (cached cells keep their earlier figure)."""
         ran = {k: round(float(v), 3) for k, v in durations.items() if v > 0}
         self.durations.update(ran)
+        self.measured.update(ran)
         self.peaks.update({k: max(v, self.peaks.get(k, 0.0)) for k, v in ran.items()})
 
     def save(self) -> None:
-        """Merge into the file (another run may have written it meanwhile) and replace it atomically."""
+        """Merge what this run measured into the file and replace it atomically, one run at a time.
+
+        Only this run's own figures overwrite the file's: a run sharing the
+        cache (another ``--out``, a CI shard) that saved meanwhile keeps the
+        durations it measured, instead of getting back the ones this run loaded
+        at its start; a peak is the longer of the two.
+        """
         if self.path is None:
             return
-        on_disk = _read(self.path)
-        merged = {**on_disk.get("durations", {}), **self.durations}
-        peaks = {**on_disk.get("peaks", {}), **self.peaks}
-        doc = {
-            "version": HISTORY_VERSION,
-            "durations": merged,
-            "peaks": peaks,
-            "fingerprint": self.fingerprint,
-        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, sort_keys=True))
-        tmp.replace(self.path)
+        with self.path.with_name(f"{self.path.name}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            on_disk = _read(self.path)
+            peaks = dict(on_disk.get("peaks", {}))
+            for cell, seconds in self.measured.items():
+                peaks[cell] = max(seconds, self.peaks.get(cell, 0.0), peaks.get(cell, 0.0))
+            doc = {
+                "version": HISTORY_VERSION,
+                "durations": {**(on_disk.get("durations") or self.durations), **self.measured},
+                "peaks": peaks or self.peaks,
+                "fingerprint": self.fingerprint,
+            }
+            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(doc, sort_keys=True))
+            tmp.replace(self.path)
 
 
 def _read(path: Path) -> dict[str, Any]:

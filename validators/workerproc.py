@@ -125,6 +125,8 @@ class WorkerProcess:
         self.garbled = 0
         self.retiring = False  # stdin closed on purpose: an exit before hello is no start-up failure
         self._buf = b""
+        self._reaped = False  # waited for, its group killed: its pid is no longer ours to signal
+        self.released = False  # its pipes closed (release): its fd number is no longer its own
 
     @property
     def pid(self) -> int:
@@ -174,6 +176,8 @@ class WorkerProcess:
         return messages
 
     def dump_stacks(self) -> None:
+        if self._reaped or self.proc.poll() is not None:  # gone: its pid may be another process's
+            return
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGUSR1)
 
@@ -183,7 +187,16 @@ class WorkerProcess:
         return isinstance(self.proc, ForkedProcess) and self.proc.left_to_server
 
     def kill_group(self) -> None:
-        """SIGKILL the worker's process group (it and whatever it started), without waiting."""
+        """SIGKILL the worker's process group (it and whatever it started), without waiting.
+
+        Not once the worker was reaped: its group was killed then, and its pid
+        (every worker leads its own group) may belong to another process by now,
+        another run's worker say.
+        """
+        if not self._reaped:
+            self._killpg()
+
+    def _killpg(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
@@ -192,24 +205,28 @@ class WorkerProcess:
         return self.wait()
 
     def wait(self, timeout: float = 10.0) -> int | None:
-        """Reap the worker (killing it after ``timeout``), then whatever it left in its group."""
+        """Reap the worker (killing it after ``timeout``), then, once, whatever it left in its group."""
+        if self._reaped:
+            return self.proc.returncode
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.kill_group()
+            self._killpg()
             try:
                 rc = self.proc.wait(timeout)
             except subprocess.TimeoutExpired:  # a forked worker whose fork server is gone
                 rc = None
-        self.kill_group()  # e.g. Inductor compile subprocesses orphaned by a crash
+        self._killpg()  # e.g. Inductor compile subprocesses orphaned by a crash: right at the reap
+        self._reaped = rc is not None
         return rc
 
     def release(self) -> None:
-        """Close the parent's pipe ends (after the worker is gone)."""
+        """Close the parent's pipe ends (after the worker is gone): ``fd`` may be another pipe's next."""
         for pipe in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError, ValueError):
                 if pipe is not None:
                     pipe.close()
+        self.released = True
 
     def close(self) -> None:
         """Polite stop: EOF on stdin ends the serve loop."""

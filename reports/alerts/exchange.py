@@ -107,11 +107,19 @@ def post(url: str, body: bytes, headers: Mapping[str, str], deadline: float) -> 
         raise ExchangeFailed(Phase.CONNECT, "no time left before the deadline")
     conn, target = _connection(url, remaining)
     state: dict[str, object] = {"phase": Phase.CONNECT}
+    # the caller giving up and the thread starting to send are decided under one lock: a post the
+    # caller reported as not sent (phase CONNECT) is never sent after all (a slow name lookup, which
+    # no socket shutdown can interrupt, ends after the deadline and then finds it cancelled)
+    decide = threading.Lock()
 
     def exchange() -> None:
         try:
             conn.connect()
-            state["phase"] = Phase.SEND
+            with decide:
+                if state.get("cancelled"):
+                    conn.close()
+                    return
+                state["phase"] = Phase.SEND
             conn.request("POST", target, body=body, headers=dict(headers))
             state["phase"] = Phase.SENT
             response = conn.getresponse()
@@ -123,7 +131,10 @@ def post(url: str, body: bytes, headers: Mapping[str, str], deadline: float) -> 
     worker = threading.Thread(target=exchange, name="opgate-alert-post", daemon=True)
     worker.start()
     worker.join(max(0.0, deadline - time.monotonic()))
-    timed_out = worker.is_alive()
+    with decide:
+        timed_out = worker.is_alive()
+        if timed_out:
+            state["cancelled"] = True  # still connecting: it stays so, and sends nothing
     if timed_out:
         _abort(conn)
         worker.join(1.0)
