@@ -215,6 +215,54 @@ def test_sticky_device_error_retires_the_worker(tmp_path: Path) -> None:
     assert pool.workers[1].cells == [tasks[1].cell.id]
 
 
+def test_lanes_past_their_deadline_together_share_one_grace_period_and_are_killed_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two lanes hung on one cause (a wedged GPU): one stack-dump grace period, both groups killed
+    before either is waited for, not a grace and a kill-and-wait each while results go unread."""
+    from opgate.validators import pool as pool_module
+
+    events: list[str] = []
+
+    class Hung:
+        ready, released, fd = True, False, -1
+
+        def __init__(self, name: str) -> None:
+            self.name, self.end = name, ""
+
+        def dump_stacks(self) -> None:
+            events.append(f"dump {self.name}")
+
+        def kill_group(self) -> None:
+            events.append(f"kill {self.name}")
+
+        def wait(self) -> int:
+            events.append(f"wait {self.name}")
+            return -9
+
+        def release(self) -> None:
+            self.released = True
+
+    monkeypatch.setattr(time, "sleep", lambda s: events.append(f"sleep {s}"))  # the pool's, too
+    pool = Pool(WorkerConfig(logs=tmp_path / "workers", module=FAKE), host_lanes=2)
+    finished: list[str] = []
+
+    def on_done(t: Task, a: Attempt) -> list[Task]:
+        finished.append(a.outcome["reason"])
+        return []
+
+    pool._on_done = on_done
+    for lane, name in zip(pool.lanes, ("a", "b"), strict=True):
+        lane.task = task(tmp_path, shapes=name, timeout_s=1.0)
+        lane.current = Hung(name)  # type: ignore[assignment]
+        lane.sent_at, lane.deadline = time.monotonic() - 2.0, time.monotonic() - 1.0
+    pool._check_deadlines()
+    assert events == [
+        "dump a", "dump b", f"sleep {pool_module.STACK_DUMP_GRACE_S}", "kill a", "kill b", "wait a", "wait b",
+    ]  # fmt: skip
+    assert finished == ["timeout after 1 s (worker killed)"] * 2
+
+
 @pytest.mark.integration
 def test_hang_is_killed_after_its_timeout(tmp_path: Path) -> None:
     tasks = [task(tmp_path, layout="strided", timeout_s=1.0), task(tmp_path)]

@@ -372,26 +372,40 @@ class Pool:
         self._failure_text[worker.kind] = f"{worker.end}; {_last_line(worker.log)}"
 
     def _check_deadlines(self) -> None:
+        """End the cells past their deadline: their stacks dumped, their workers killed, all together.
+
+        Every expired lane is handled in one pass (one grace period for the
+        stack dumps, every group killed before any is waited for): lanes that
+        hung on one shared cause (a wedged GPU) no longer cost a grace period
+        and a wait each while the other lanes' results go unread.
+        """
         now = time.monotonic()
+        expired = []
         for lane in self.lanes:
             worker, task = lane.current, lane.task
             if task is None or worker is None or now < lane.deadline:
                 continue
             lane.current, lane.task = None, None
+            expired.append((lane, worker, task))
+        if not expired:
+            return
+        hung = [worker for _, worker, _ in expired if worker.ready]
+        for worker in hung:
+            worker.dump_stacks()
+        if hung:
+            time.sleep(STACK_DUMP_GRACE_S)
+        for _, worker, _ in expired:
+            self._forget(worker)
+            worker.kill_group()
+        for lane, worker, task in expired:
+            worker.wait()
+            worker.release()
             if not worker.ready:
                 worker.end = f"no hello within {STARTUP_TIMEOUT_S:.0f} s"
                 self._startup_failed(worker)
-                self._forget(worker)
-                worker.kill()
-                worker.release()
                 self._pending.appendleft(task)
                 continue
-            worker.dump_stacks()
-            time.sleep(STACK_DUMP_GRACE_S)
             worker.end = reason = f"timeout after {task.timeout_s:g} s (worker killed)"
-            self._forget(worker)
-            worker.kill()
-            worker.release()
             _append(task.log, f"=== {reason}")
             self._finish(task, Attempt(_error(reason), now - lane.sent_at, worker.name, timed_out=True))
 
