@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -106,6 +105,25 @@ def _runners(
     return runners
 
 
+def _torch_versions(values: Sequence[str]) -> list[str]:
+    """``--torch`` values: torch releases, one per id column (as the config's ``torch`` list)."""
+    from opgate.matrix.cell import torch_major_minor
+    from opgate.matrix.config import TORCH_VERSION
+
+    columns: dict[str, str] = {}
+    for value in values:
+        if not re.fullmatch(TORCH_VERSION, value):
+            raise UsageError(f"--torch {value!r}: not a torch version (e.g. 2.13.0 or 2.14.1+cu130)")
+        column = torch_major_minor(value)
+        if column in columns:
+            raise UsageError(
+                f"--torch {columns[column]} and --torch {value} share the id column pt{column}: "
+                "give each major.minor once"
+            )
+        columns[column] = value
+    return list(columns.values())
+
+
 def _cells(args: argparse.Namespace) -> tuple[list[Cell], list[Cell], MatrixConfig]:
     """(universe, selected cells, config): the config's cells, then --select/--skip, then --changed-since."""
     from opgate.matrix.config import load_config
@@ -113,7 +131,7 @@ def _cells(args: argparse.Namespace) -> tuple[list[Cell], list[Cell], MatrixConf
 
     config = load_config(args.config)
     specs = load_specs(args.ops_path)
-    universe = expand_torches(config, specs, args.torch)
+    universe = expand_torches(config, specs, _torch_versions(args.torch))
     cells = narrow(universe, args.select, args.skip)
     if args.changed_since is not None:
         from opgate.matrix.changes import narrow_to_changes
@@ -133,8 +151,9 @@ def _list(args: argparse.Namespace) -> str:
 def _plan(args: argparse.Namespace) -> str:
     from opgate.matrix import plan as planmod
 
-    if args.target_s is not None and not 0 < args.target_s < math.inf:
-        raise UsageError(f"--target-s {args.target_s}: must be a number > 0")
+    longest = planmod.MAX_DURATION_S
+    if args.target_s is not None and not 1.0 <= args.target_s <= longest:
+        raise UsageError(f"--target-s {args.target_s}: seconds per job, from 1 to {longest:.0f}")
     universe, cells, config = _cells(args)
     runners = _runners(config.runners, args.runner)
     plan = planmod.make_plan(

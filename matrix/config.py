@@ -37,7 +37,9 @@ DEFAULT_CONFIG = Path(__file__).with_name("default.yaml")
 #: ``installed`` = the torch of the interpreter that expands the matrix.
 INSTALLED = "installed"
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
-_TORCH = Str("a torch version", r"installed|\d+\.\d+(\.\d+)?([a-z0-9.+]*)", 'e.g. "2.13.0" or installed')
+#: A torch release as opgate names its cells' torch column (2.13, 2.13.0, 2.14.1+cu130, 2.15.0a0).
+TORCH_VERSION = r"\d+\.\d+(\.\d+)?([a-z0-9.+]*)"
+_TORCH = Str("a torch version", rf"installed|{TORCH_VERSION}", 'e.g. "2.13.0" or installed')
 _CUDA = Str("a CUDA version", r"\d+\.\d+", 'e.g. "13.0" (quoted: 13.10 would read as 13.1)')
 
 TOLERANCE_FIELDS = {"k": Float(0.0, strict=True), "atol_floor": Float(0.0)}

@@ -125,6 +125,10 @@ def load_manifest(path: Path) -> Manifest:
         raise ResultsFormatError(f"{path}: not a plan manifest: {type(exc).__name__}: {exc}") from exc
 
 
+#: The longest duration a history may give one cell (a week): past it, it is not a measurement.
+MAX_DURATION_S = 7 * 24 * 3600.0
+
+
 def load_history(path: Path) -> dict[str, float]:
     """Per-cell ``duration_s`` from a compat.json or results.json (the longest when repeated)."""
     if not Path(path).exists():
@@ -133,8 +137,11 @@ def load_history(path: Path) -> dict[str, float]:
     try:
         records = doc["cells"]
         out: dict[str, float] = {}
-        for rec in records:
-            out[str(rec["id"])] = max(float(rec.get("duration_s", 0.0)), out.get(str(rec["id"]), 0.0))
+        for n, rec in enumerate(records):
+            seconds = float(rec.get("duration_s", 0.0))
+            if not 0.0 <= seconds < MAX_DURATION_S:  # NaN fails it too
+                raise ValueError(f"cells[{n}] ({rec['id']}): duration_s {seconds!r} is not a duration")
+            out[str(rec["id"])] = max(seconds, out.get(str(rec["id"]), 0.0))
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         why = f"{type(exc).__name__}: {exc}"
         raise ResultsFormatError(f"--history {path}: not a compat.json/results.json: {why}") from exc

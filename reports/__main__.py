@@ -145,7 +145,23 @@ def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The smallest Markdown budget the diff renderer can keep: the headline, every section's
+#: "left out" line and the footer (about 1.5 KB with long paths) always fit in it.
+MIN_DIFF_BYTES = 4096
+
+
 def _diff(args: argparse.Namespace) -> int:
+    if not 0.0 < args.alpha < 1.0:  # NaN fails both comparisons too
+        raise UsageError(f"--alpha {args.alpha:g}: a significance level is between 0 and 1 (e.g. 0.01)")
+    if not 0.0 <= args.min_effect <= 1.0:
+        raise UsageError(
+            f"--min-effect {args.min_effect:g}: a fraction of the median between 0 and 1 (0.05 = 5%)"
+        )
+    if not MIN_DIFF_BYTES <= args.max_bytes <= diff_md.STEP_SUMMARY_LIMIT:
+        raise UsageError(
+            f"--max-bytes {args.max_bytes}: between {MIN_DIFF_BYTES} and {diff_md.STEP_SUMMARY_LIMIT} "
+            "(GitHub's step summary limit)"
+        )
     rule = PerfRule(alpha=args.alpha, min_effect=args.min_effect)
     result = diff_mod.compute(
         compat.load(args.base), compat.load(args.head), str(args.base), str(args.head), rule

@@ -21,7 +21,7 @@ from typing import Any
 
 import jsonschema
 
-from opgate.matrix.errors import ResultsFormatError
+from opgate.matrix.errors import ResultsFormatError, UsageError
 from opgate.matrix.files import read_json
 from opgate.matrix.modes import to_json as modes_json
 from opgate.reports.merge import Entry, Merged
@@ -54,11 +54,29 @@ def validate_document(doc: Mapping[str, Any], where: str, schema_file: Path = CO
         )
 
 
+#: The latest instant ``SOURCE_DATE_EPOCH`` may name (9999-12-31T23:59:59Z: a timestamp has 4 digits of year).
+MAX_EPOCH = 253402300799
+
+
 def now_utc() -> str:
-    """Publication time; honours SOURCE_DATE_EPOCH so rebuilt reports are byte-identical."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    when = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch else datetime.now(timezone.utc)
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Publication time; honours SOURCE_DATE_EPOCH so rebuilt reports are byte-identical.
+
+    A value that is not a whole number of seconds from 1970 to 9999 is a usage
+    error (exit 2) naming the variable, never a traceback, and is found before
+    anything is written or sent.
+    """
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not epoch:
+        return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        seconds = int(epoch)
+    except ValueError:
+        seconds = -1
+    if not 0 <= seconds <= MAX_EPOCH:
+        raise UsageError(
+            f"SOURCE_DATE_EPOCH={epoch!r}: not a Unix time (whole seconds since 1970, at most {MAX_EPOCH})"
+        )
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass

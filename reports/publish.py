@@ -51,6 +51,9 @@ def _install(files: dict[str, str], out: Path) -> None:
     """
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out}: is a file, not a folder")
+    for name in files:  # checked before the first file moves in: a refused publish replaces none
+        if (out / name).is_dir():
+            raise OutputError(f"--out {out}: {name} there is a folder, where opgate publishes a file")
     try:
         _swap_in(files, out)
     except OSError as exc:

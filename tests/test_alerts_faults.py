@@ -340,3 +340,20 @@ def test_a_post_given_up_while_connecting_is_never_sent_later(monkeypatch: pytes
         assert time.monotonic() - t0 < 2.0
         time.sleep(2.5)  # the lookup ends, the thread connects
         assert receiver.posts() == []
+
+
+@pytest.mark.integration
+def test_an_alert_under_a_fixed_source_date_epoch_is_still_sent_once(diff_file: Path, tmp_path: Path) -> None:
+    """SOURCE_DATE_EPOCH fixes a report's date (reproducible builds set it to the last commit's):
+    the alert state records when it really sent, else an old date is pruned at once and the next
+    run sends again; a value that is not a time does not stop the alert either."""
+    with serve(Reply(200, "ok")) as receiver:
+        env = {"OPGATE_SLACK_WEBHOOK_URL": receiver.url(PATH), "SOURCE_DATE_EPOCH": "1700000000"}  # 2023
+        sent = cli(diff_file, env, "--platform", "slack", "--state", str(tmp_path / "sent.json"))
+        again = cli(diff_file, env, "--platform", "slack", "--state", str(tmp_path / "sent.json"))
+        env["SOURCE_DATE_EPOCH"] = "abc"
+        third = cli(diff_file, env, "--platform", "slack", "--state", str(tmp_path / "sent.json"))
+    assert (sent.returncode, again.returncode, third.returncode) == (0, 0, 0), sent.stderr + again.stderr
+    assert receiver.delivered() == 1
+    for run in (sent, again, third):
+        assert "Traceback" not in run.stderr

@@ -118,6 +118,8 @@ def _collect(out: Path) -> int:
     from opgate.validators.collect import collect as collect_cells
     from opgate.validators.outlock import OutputLock
 
+    if not out.is_dir():  # a typo: said, and nothing made there (the lock would make the folder)
+        raise UsageError(f"--out {out}: no such run folder")
     with OutputLock(out, "opgate collect"):
         done = collect_cells(out, note="collected after the run")
     print(f"{len(done.cells)} cells -> {out / 'results.json'}, {out / 'junit.xml'}")

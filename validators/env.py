@@ -106,6 +106,35 @@ class FingerprintError(ValueError):
     """A fingerprint record that is not the one :func:`fingerprint` writes (the message names the key)."""
 
 
+#: The JSON type of each scalar fingerprint field (``gpus`` and ``nvcc`` are checked apart).
+_SCALAR_TYPES: Mapping[str, type] = {
+    "fingerprint_version": int,
+    "cudnn": int,
+    "cpu_count": int,
+    "cxx11abi": bool,
+    **dict.fromkeys(("torch", "triton", "cuda_runtime", "driver", "gpu_name", "gpu_capability"), str),
+    **dict.fromkeys(("python", "platform", "machine", "hostname_hash", "error"), str),
+}
+
+
+def _type_problem(name: str, value: Any) -> str:
+    """What is wrong with a fingerprint field's JSON value ("" when nothing): reports read these as typed."""
+    if name == "gpus":
+        fits = isinstance(value, list | tuple) and all(isinstance(g, Mapping) for g in value)
+        return "" if fits else "a list of GPU objects"
+    if name == "nvcc":
+        fits = isinstance(value, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        )
+        return "" if fits else "an object of CUDA release -> nvcc path strings"
+    expected = _SCALAR_TYPES.get(name)
+    if expected is None or (
+        isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+    ):
+        return ""
+    return {int: "an integer", bool: "true or false", str: "a string"}[expected]
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     """One environment, as written under ``env`` in every results.json and read by every report.
@@ -151,6 +180,10 @@ class Fingerprint:
                 f"a fingerprint has {', '.join(known)} (opgate.validators.env.Fingerprint)"
             )
         values: dict[str, Any] = {k: data[k] for k in known if data.get(k) is not None}
+        for name, value in values.items():
+            problem = _type_problem(name, value)
+            if problem:
+                raise FingerprintError(f"fingerprint field {name!r}: {problem}, got {value!r}")
         if "gpus" in values:
             values["gpus"] = tuple(dict(g) for g in values["gpus"])
         if "nvcc" in values:

@@ -21,7 +21,6 @@ from opgate.reports.alerts.dedup import STATE_PROBLEM, DedupState
 from opgate.reports.alerts.message import Alert, from_diff
 from opgate.reports.alerts.registry import PLATFORMS, Platform
 from opgate.reports.alerts.transport import Redactor, RetryPolicy, check_url, post_json, redact_url
-from opgate.reports.compat import now_utc
 
 
 def default_run_id(doc: Mapping[str, Any], env: Mapping[str, str]) -> str:
@@ -104,11 +103,15 @@ def _deliver(d: _Delivery, state: DedupState) -> int:
     redactor.add_url(target)
     state.prepare()
     key = alert.idempotency_key if platform.idempotent else None
+    # when it was sent, by the clock (never SOURCE_DATE_EPOCH, a build's fixed date): the state keeps
+    # entries KEEP_DAYS from now, and one stamped with last spring's commit date would be dropped at
+    # once, and the alert sent again by the next run
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     post_json(
         platform.name, target, payload, platform.check, redactor,
         policy=d.policy, sleep=d.sleep, log=log, idempotency_key=key,
     )  # fmt: skip
-    state.mark(platform.name, alert.items, now_utc())
+    state.mark(platform.name, alert.items, stamp)
     try:
         state.save()
     except OSError as exc:  # the post is out: say so, and that a re-run would repeat it
