@@ -62,6 +62,33 @@ def _check_name(name: str) -> None:
         raise UsageError(f"--name {name!r}: opgate ships an op of that name; choose another")
 
 
+def _check_not_shadowing(top: str, root: Path) -> None:
+    """The op's top-level package must not be a module installed or in the standard library.
+
+    ``opgate init ops --name torch`` in a folder ``ops`` with no ``__init__.py``
+    makes ``torch`` the op's package: its spec would import it instead of
+    PyTorch, and every cell would fail for no reason the op author can see.
+    A package of the team's own (already under ``root``) is theirs to extend.
+    """
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return
+    if found is None:
+        return
+    where = found.origin or ""
+    places = [where] if where else list(found.submodule_search_locations or ())  # a namespace package
+    if any(Path(p).resolve().is_relative_to(root) for p in places):
+        return
+    what = where or "a namespace package"
+    raise UsageError(
+        f"the op's package would be {top!r}, which is already a module here ({what}): its spec would "
+        "import that one; choose another --name or give the folder an __init__.py"
+    )
+
+
 def scaffold(directory: Path, name: str, namespace: str | None = None) -> list[Path]:
     """Write ``directory/name/`` from the template; returns the files written."""
     _check_name(name)
@@ -74,6 +101,7 @@ def scaffold(directory: Path, name: str, namespace: str | None = None) -> list[P
     if not all(part.isidentifier() for part in parts):
         raise UsageError(f"{target}: {'.'.join(parts)!r} is not a module path (each folder a Python name)")
     package = ".".join(parts)
+    _check_not_shadowing(parts[0], root)
     namespace = namespace or _identifier(root.name)
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", namespace):
         raise UsageError(f"--namespace {namespace!r}: a torch.library namespace is [a-z_][a-z0-9_]*")

@@ -82,6 +82,13 @@ def test_init_refuses_what_it_cannot_write(team_repo: Path) -> None:
         assert proc.returncode == 2, (argv, proc.stdout)
         assert problem in proc.stderr
         assert "Traceback" not in proc.stderr
+    (team_repo / "kernels").mkdir()  # no __init__.py: each op folder in it is a top-level package
+    for name in ("torch", "json"):
+        proc = _opgate("init", "kernels", "--name", name, cwd=team_repo)
+        assert proc.returncode == 2, proc.stdout
+        assert f"the op's package would be {name!r}, which is already a module here" in proc.stderr
+        assert not (team_repo / "kernels" / name).exists()
+    assert _opgate("init", "kernels", "--name", "fused_gate", cwd=team_repo).returncode == 0
 
 
 @pytest.mark.slow
