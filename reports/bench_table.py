@@ -16,12 +16,13 @@ Who is "opgate" and who is a peer is recorded in the data (each result's
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from opgate.matrix.errors import ResultsFormatError
 from opgate.matrix.files import read_json
+from opgate.reports.perf import number_problem, shown
 from opgate.validators.perf.report import BENCH_FORMAT as FORMAT
 
 ROLES = ("opgate", "variant", "peer")
@@ -42,26 +43,80 @@ def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def format_problem(doc: Any) -> str | None:
-    """Why ``doc`` is not a :data:`FORMAT` document, or None."""
+    """Why ``doc`` is not a :data:`FORMAT` document, or None.
+
+    Every field the table later formats, compares or divides by is checked, where the message
+    can still name the case and the field: a peer's ``median_us`` of 0 would divide by zero in
+    :func:`verdict`, a null one break the row's ``min``, a text ``pct_copy`` its format.
+    """
+    return next(_problems(doc), None)
+
+
+def _problems(doc: Any) -> Iterator[str]:
+    """The document's problems in reading order; only the first is read (later checks may assume
+    what earlier ones found: the generator is not resumed past a problem)."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        return f"format is {found!r}"
-    for key in ("info", "ceilings", "timing", "cases"):
-        if key not in doc:
-            return f"missing {key!r}"
+        yield f"format is {found!r}"
+    yield from (f"missing {key!r}" for key in ("info", "ceilings", "timing", "cases") if key not in doc)
+    yield from (
+        f"{key} is {shown(doc[key])}, not an object"
+        for key in ("info", "ceilings", "timing")
+        if not isinstance(doc[key], dict)
+    )
+    copy_gbps = doc["ceilings"].get("copy_gbps")
+    if copy_gbps is not None and (why := number_problem(copy_gbps, nonnegative=True)):
+        yield f"ceilings.copy_gbps {why}"
+    if not isinstance(doc["cases"], list):
+        yield f"cases is {shown(doc['cases'])}, not an array"
     for i, case in enumerate(doc["cases"]):
+        if not isinstance(case, dict):
+            yield f"cases[{i}] is {shown(case)}, not an object"
         missing = {"op", "label", "dtype", "direction", "results", "errors"} - set(case)
         if missing:
-            return f"cases[{i}] lacks {', '.join(sorted(missing))}"
-        bad = [n for n, r in case["results"].items() if r.get("role") not in ROLES]
-        if bad:
-            return f"cases[{i}]: results {', '.join(bad)} have no role of {', '.join(ROLES)}"
-    return None
+            yield f"cases[{i}] lacks {', '.join(sorted(missing))}"
+        yield from (f"cases[{i}] ({_case_name(case)}): {why}" for why in _case_problems(case))
+    unavailable = doc.get("unavailable")
+    if unavailable is not None and not (
+        isinstance(unavailable, dict) and all(isinstance(v, dict) for v in unavailable.values())
+    ):
+        yield "unavailable is not an object of op -> {implementation: why}"
+
+
+def _case_name(case: Mapping[str, Any]) -> str:
+    """``layer_norm 4096x4096 bf16 forward``: the case as a person finds it in the file."""
+    return " ".join(str(case.get(k)) for k in ("op", "label", "dtype", "direction"))
+
+
+def _case_problems(case: Mapping[str, Any]) -> Iterator[str]:
+    """What in one case the table cannot use: the texts it prints, the times it divides by."""
+    yield from (
+        f"{k} is {shown(case[k])}, not a string"
+        for k in ("op", "label", "dtype")
+        if not isinstance(case[k], str)
+    )
+    if case["direction"] not in DIRECTION_LABELS:
+        yield f"direction is {shown(case['direction'])}, not one of {', '.join(DIRECTION_LABELS)}"
+    yield from (
+        f"{k} is {shown(case[k])}, not an object"
+        for k in ("results", "errors")
+        if not isinstance(case[k], dict)
+    )
+    bad = [n for n, r in case["results"].items() if not isinstance(r, dict) or r.get("role") not in ROLES]
+    if bad:
+        yield f"results {', '.join(bad)} have no role of {', '.join(ROLES)}"
+    for name, result in case["results"].items():
+        if why := number_problem(result.get("median_us"), positive=True):
+            yield f"results.{name}.median_us {why}"
+        pct = result.get("pct_copy")
+        if pct is not None and (why := number_problem(pct, nonnegative=True)):
+            yield f"results.{name}.pct_copy {why}"
 
 
 def shape_size(label: str) -> int:
     """Elements of a shape label (``"32768x8192"``, ``"4x4096x32x128 bhsd"``); flags of 0 are no dimension."""
-    dims = [int(p) for p in label.split(maxsplit=1)[0].split("x") if p.isdigit()]
+    words = label.split(maxsplit=1) or [""]  # an empty label is a row of no known size, not a crash
+    dims = [int(p) for p in words[0].split("x") if p.isdecimal()]
     return math.prod(d for d in dims if d > 0)
 
 

@@ -9,22 +9,91 @@ stays self-contained.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from opgate.matrix.errors import ResultsFormatError
 from opgate.matrix.files import read_json
+from opgate.reports.perf import number_problem, shown
 from opgate.validators.perf.block_md import flags, provenance, render_md, speedup
 
 REQUIRED = ("config", "info", "parity_relerr", "blocks", "alone", "flags")
+#: The block's shape, as the provenance line prints it.
+CONFIG_KEYS = ("hidden", "heads", "seq", "batch", "ffn", "dtype")
+PHASES = ("forward", "step")
 
 
 def load(path: Path) -> dict[str, Any]:
+    """``block.json``, checked field by field: anything the renderers cannot use is refused (exit 7)."""
     data: dict[str, Any] = read_json(path, what="decoder-block file", expect=dict)
     if not all(k in data for k in REQUIRED):
         raise ResultsFormatError(f"{path}: not a decoder-block result (needs {', '.join(REQUIRED)})")
+    problem = format_problem(data)
+    if problem:
+        raise ResultsFormatError(f"{path}: not a decoder-block result: {problem}")
     return data
+
+
+def _times_problems(times: Any, where: str) -> Iterator[str]:
+    """Why ``times`` is not ``{name: {"median_us": time > 0, ...}}``, naming the field."""
+    if not isinstance(times, dict):
+        yield f"{where} is {shown(times)}, not an object"
+    for name, timing in times.items():
+        if not isinstance(timing, dict):
+            yield f"{where}.{name} is {shown(timing)}, not an object"
+        if why := number_problem(timing.get("median_us"), positive=True):
+            yield f"{where}.{name}.median_us {why}"
+
+
+def format_problem(data: dict[str, Any]) -> str | None:
+    """Why ``data`` is not a block result the renderers can use, or None.
+
+    Checked here, where the file and the field can be named, rather than met in
+    :mod:`validators.perf.block_md` as a ``ZeroDivisionError`` (a median of 0 in a speed-up), an
+    empty ``max()`` (a phase with no variant) or a ``TypeError`` (``alone: null``, ``flags: 1``).
+    """
+    return next(_problems(data), None)
+
+
+def _problems(data: dict[str, Any]) -> Iterator[str]:
+    """The problems in reading order; only the first is read (the generator is not resumed past a
+    problem, so a later check may assume what the earlier ones found)."""
+    yield from (
+        f"{key} is {shown(data[key])}, not an object"
+        for key in ("config", "info", "parity_relerr", "blocks", "alone")
+        if not isinstance(data[key], dict)
+    )
+    missing = [k for k in CONFIG_KEYS if k not in data["config"]]
+    if missing:
+        yield f"config lacks {', '.join(missing)}"
+    for phase in PHASES:
+        times = data["blocks"].get(phase)
+        if isinstance(times, dict) and not times:
+            yield f"blocks.{phase} is empty: no variant was timed"
+        yield from _times_problems(times, f"blocks.{phase}")
+        yield from (
+            f"blocks.{phase}.{k}: a variant is named implementation/mode (e.g. opgate/eager)"
+            for k in times
+            if "/" not in k
+        )
+    for key, err in data["parity_relerr"].items():
+        if why := number_problem(err, nonnegative=True):
+            yield f"parity_relerr.{key} {why}"
+        yield from (
+            f"parity_relerr.{key} has no time in blocks.{p}" for p in PHASES if key not in data["blocks"][p]
+        )
+    for op, times in data["alone"].items():
+        yield from _times_problems(times, f"alone.{op}")
+    flags = data["flags"]
+    if not isinstance(flags, list):
+        yield f"flags is {shown(flags)}, not an array"
+    for i, flag in enumerate(flags):
+        if not isinstance(flag, dict) or not all(
+            isinstance(flag.get(k), str) for k in ("flag", "op", "mode")
+        ):
+            yield f"flags[{i}] is not an object with the strings flag, op and mode"
 
 
 def render_html(data: dict[str, Any]) -> str:
@@ -63,4 +132,4 @@ def render_html(data: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["load", "render_html", "render_md"]
+__all__ = ["format_problem", "load", "render_html", "render_md"]

@@ -31,10 +31,17 @@ def _bar(x: float, y: float, width: float, cls: str, title: str) -> str:
     )
 
 
+def _bar_order(s: Mapping[str, Any]) -> tuple[str, ...]:
+    """Rows by (impl, dtype, mode, shape, GPU).  The schema makes the first three optional (series
+    published before they were kept lack them), so a missing one sorts as empty, as it is labelled.
+    """
+    return tuple(str(s.get(k) or "") for k in ("impl", "dtype", "mode", "shape", "gpu"))
+
+
 def bars(op: str, series: Sequence[Mapping[str, Any]]) -> str:
     """GB/s and % of roofline of each series' newest run, one row per (impl, dtype, mode, shape, GPU)."""
     rows = []
-    for s in sorted(series, key=lambda s: (s["impl"], s["dtype"], s["mode"], s["shape"], s["gpu"])):
+    for s in sorted(series, key=_bar_order):
         newest = s["runs"][-1]
         label = f"{s.get('impl', '')} {s.get('dtype', '')} {s.get('mode', '')} {s['shape']} {s['gpu']}"
         rows.append((label.strip(), newest))

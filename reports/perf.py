@@ -28,6 +28,7 @@ sides nothing is judged.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -69,6 +70,40 @@ def _num(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def shown(value: Any) -> str:
+    """A JSON value as an error message quotes it (``null``, ``"fast"``, ``[null]``), cut to 40 characters."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def at(where: str, why: str) -> str:
+    """A problem of ``where`` itself (``shapes[0] is 5, ...``) or of a field (``shapes[0].shape ...``)."""
+    return f"{where} {why}" if why.startswith(("is ", "lacks ")) else f"{where}.{why}"
+
+
+def number_problem(value: Any, *, positive: bool = False, nonnegative: bool = False) -> str | None:
+    """Why ``value`` is not a finite number (above 0 when ``positive``, at least 0 when ``nonnegative``).
+
+    The one test of a figure that a report divides by, compares or formats, shared by every
+    reader of perf figures (bench tables, the decoder block, perf points, worth-it verdicts), so
+    that a bad figure is refused where the file and field can still be named, not met later as a
+    ``ZeroDivisionError`` or a format error.  JSON lets ``NaN``, ``Infinity`` and ``true`` through.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"is {shown(value)}, not a number"
+    try:
+        number = float(value)
+    except OverflowError:
+        return "is too large to be a figure"
+    if not math.isfinite(number):
+        return f"is {shown(value)}, not a finite number"
+    if positive and number <= 0:
+        return f"is {shown(value)}, not a number above 0"
+    if nonnegative and number < 0:
+        return f"is {shown(value)}, not a number of at least 0"
+    return None
+
+
 def ideal_us(point: Mapping[str, Any], ceilings: Mapping[str, Any]) -> float | None:
     """The point's time at the measured copy and GEMM ceilings (the slower of the two bounds)."""
     bounds = []
@@ -91,6 +126,64 @@ def roofline_shown(record: Mapping[str, Any]) -> float | None:
     if pct is None or (ideal is not None and ideal < MIN_ROOFLINE_US):
         return None
     return pct
+
+
+def _shape_problem(shape: Any) -> str | None:
+    """Why ``shape`` cannot label a series: a string, a list of sizes, or a list of such lists."""
+    if isinstance(shape, str):
+        return None
+    if not isinstance(shape, (list, tuple)):
+        return f"is {shown(shape)}, not a shape (a string, or a list of sizes of at least 0)"
+    if shape and all(isinstance(s, (list, tuple)) for s in shape):
+        return next((why for why in map(_shape_problem, shape) if why), None)
+    if all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        return None
+    return f"is {shown(shape)}, not a shape (a string, or a list of sizes of at least 0)"
+
+
+def point_problem(point: Any) -> str | None:
+    """Why a perf point cannot go into the history, or None (field names as in the point).
+
+    ``shape`` keys its series and the samples are the regression test's data, so a malformed
+    one is refused rather than dropped: a skipped point is a run missing from the history with
+    nothing to say so.  A median may be absent (it is then the samples'); if present it is
+    a time above 0, as compat.json's schema requires.  The optional figures (``gbps``,
+    ``roofline_pct``, ``baseline``...) are left out of the record when unusable, as before.
+    """
+    if not isinstance(point, Mapping):
+        return f"is {shown(point)}, not an object"
+    if "shape" in point and (why := _shape_problem(point["shape"])):
+        return f"shape {why}"
+    for key in ("median_us", "median_ms"):
+        if point.get(key) is not None and (why := number_problem(point[key], positive=True)):
+            return f"{key} {why}"
+    for key in ("samples_us", "samples_ms"):
+        samples = point.get(key)
+        if samples is None:
+            continue
+        if not isinstance(samples, list):
+            return f"{key} is {shown(samples)}, not an array of times"
+        bad = next(
+            ((i, why) for i, s in enumerate(samples) if (why := number_problem(s, nonnegative=True))), None
+        )
+        if bad:
+            return f"{key}[{bad[0]}] {bad[1]}"
+    return None
+
+
+def details_problem(details: Mapping[str, Any]) -> str | None:
+    """Why the perf check's ``details`` cannot feed the history (``points[i].field ...``), or None."""
+    key = "points" if "points" in details else "shapes"
+    points = details.get(key)
+    if points is None:
+        return None
+    if not isinstance(points, list):
+        return f"{key} is {shown(points)}, not an array"
+    for i, point in enumerate(points):
+        why = point_problem(point)
+        if why:
+            return at(f"{key}[{i}]", why)
+    return None
 
 
 def _run_record(
@@ -139,7 +232,8 @@ def series_from_results(
         ceilings = check.details.get("ceilings")
         ceilings = ceilings if isinstance(ceilings, Mapping) else {}
         for point in points if isinstance(points, list) else []:
-            if not isinstance(point, Mapping):
+            # refused before this, naming its results file (reports.compat.build): never used here
+            if point_problem(point) is not None:
                 continue
             record = _run_record(point, run, ceilings)
             if record is None:
