@@ -8,6 +8,7 @@ errors) on a CPU-only machine, in about a second.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import time
@@ -293,6 +294,45 @@ def test_a_dead_workers_pipes_are_closed_when_it_dies_not_at_the_runs_end(tmp_pa
     assert max(open_fds[4:]) <= open_fds[3]  # flat: a dead worker's pipes went with it
     gone = [w for w in pool.workers if w.released]
     assert len(gone) == len(pool.workers)
+
+
+@pytest.mark.integration
+def test_a_killed_worker_takes_what_it_started_in_sessions_of_its_own(tmp_path: Path) -> None:
+    """A build cell's compilers run under a fork that leads its own session: a timeout's kill of the
+    worker's group must take them too, not leave them compiling after the cell is over."""
+    import os
+    import sys
+
+    from opgate.validators.workerproc import WorkerProcess
+
+    pid_file = tmp_path / "compiler.pid"
+    code = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen(['sleep', '600'], start_new_session=True); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(600)"
+    )
+    worker = WorkerProcess("w", "build", [sys.executable, "-c", code], dict(os.environ), tmp_path / "w.log")
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    compiler = int(pid_file.read_text())
+    try:
+        worker.kill()
+        while Path(f"/proc/{compiler}").exists() and "Z" not in _state(compiler):
+            assert time.monotonic() < deadline, "the compiler outlived its worker"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(compiler, 9)
+    worker.release()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
 
 
 @pytest.mark.integration

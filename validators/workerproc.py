@@ -70,6 +70,33 @@ def exit_description(returncode: int | None) -> str:
     return f"worker exited with code {returncode}"
 
 
+def _descendant_groups(pid: int) -> list[int]:
+    """The process groups, other than ``pid``'s own, of the live processes below ``pid`` (Linux).
+
+    A build cell's cross-compile runs in a fork that leads a session of its own
+    (:mod:`validators.forkchild`, so its own timeout takes the compilers it
+    started); killing the worker's group alone leaves those compilers running
+    after the cell's timeout.  Read while the worker is alive, so each pid is
+    still its process's; nothing where ``/proc`` cannot say.
+    """
+    groups: list[int] = []
+    todo, seen = [pid], {pid}
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                for child in map(int, task.read_text().split()):
+                    if child not in seen:
+                        seen.add(child)
+                        todo.append(child)
+    for child in seen - {pid}:
+        with contextlib.suppress(OSError):
+            group = os.getpgid(child)
+            if group != pid and group not in groups and group != os.getpgrp():
+                groups.append(group)
+    return groups
+
+
 def worker_name(kind: str, lane: str, n: int) -> str:
     """``cuda-gpu0.1-7``: the n-th worker of a run, on ``lane`` (0: started before the pool, see
     ``Launcher.prefork``); the run breakdown reads the lane back from it."""
@@ -194,6 +221,9 @@ class WorkerProcess:
         another run's worker say.
         """
         if not self._reaped:
+            for group in _descendant_groups(self.proc.pid):  # started in sessions of their own
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
             self._killpg()
 
     def _killpg(self) -> None:
