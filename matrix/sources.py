@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,9 @@ def import_closure(modules: Iterable[str], roots: Sequence[Path], closure: Closu
         if module in done:
             continue
         done.add(module)
+        # importing a.b.c runs a/__init__.py and a/b/__init__.py first: they count too
+        parts = module.split(".")
+        todo += [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p not in done]
         candidates = [c.resolve() for c in module_candidates(module, roots)]
         found.watched.update(candidates)
         path = next((c for c in candidates if c.is_file()), None)
@@ -156,6 +160,46 @@ def import_closure(modules: Iterable[str], roots: Sequence[Path], closure: Closu
             found.files[path] = None
             todo += sorted(imported(path, module) - done)
     return found
+
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.MULTILINE)
+
+
+def cuda_dependencies(sources: Sequence[Path]) -> tuple[list[Path], set[Path]]:
+    """The CUDA C++ files ``sources`` build from, and every path an include of theirs could be.
+
+    The sources' folders and the shared headers (``ops/_cuda``), as a build's
+    include path sees them, and then every ``#include "..."`` followed from
+    each file found, relative to that file or to the shared headers: a header
+    in a subfolder (``#include "detail/math.h"``) counts, where listing the
+    folders alone missed it.  ``<...>`` includes are the toolkit's and
+    torch's, covered by the environment key.  Used by ``--changed-since`` and
+    the verdict cache (:func:`op_closure`) and by the build cache's key
+    (:func:`opgate.validators.cuda_build.source_hash`), so the three agree.
+    """
+    shared = SHARED_CUDA.resolve()
+    todo = [p for folder in {*(s.parent for s in sources), shared} for p in _cuda_files(folder)]
+    todo += [s for s in sources if s.is_file()]
+    files: dict[Path, None] = {}
+    watched: set[Path] = set(todo)
+    while todo:
+        path = todo.pop()
+        if path in files:
+            continue
+        files[path] = None
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for name in _INCLUDE.findall(text):
+            places = [(path.parent / name).resolve(), (shared / name).resolve()]
+            watched.update(places)
+            todo += [p for p in places if p.is_file() and p.suffix in CUDA_SUFFIXES and p not in files]
+    return sorted(files), watched
+
+
+def _cuda_files(folder: Path) -> list[Path]:
+    return [p.resolve() for p in source_files(folder, recursive=False, suffixes=CUDA_SUFFIXES)]
 
 
 def op_closure(spec: Any) -> Closure:
@@ -170,13 +214,12 @@ def op_closure(spec: Any) -> Closure:
         # its CUDA C++ sources, and those of the libraries its module builds at import: a change
         # to either changes what the op's cells run
         libraries = [src for lib in getattr(impl, "libraries", ()) for src in lib.sources]
-        for src in [*(impl.sources or []), *libraries]:
-            folder = (spec_path.parent / src).resolve().parent
-            found.files.update(dict.fromkeys(source_files(folder, recursive=False, suffixes=CUDA_SUFFIXES)))
-            found.files.update(
-                dict.fromkeys(source_files(SHARED_CUDA, recursive=False, suffixes=CUDA_SUFFIXES))
-            )
-            found.cuda_dirs.update({folder.resolve(), SHARED_CUDA.resolve()})
+        sources = [(spec_path.parent / src).resolve() for src in [*(impl.sources or []), *libraries]]
+        if sources:
+            files, watched = cuda_dependencies(sources)
+            found.files.update(dict.fromkeys(files))
+            found.watched.update(watched)
+            found.cuda_dirs.update({*(src.parent for src in sources), SHARED_CUDA.resolve()})
     import_closure(modules, roots, found)
     found.watched.update(found.files)
     return found

@@ -87,6 +87,42 @@ def test_a_shared_helper_affects_every_op_importing_it_even_deleted(repo: Path) 
     assert affected(repo, "HEAD") == ([], {"fx_segv": ["ops/fx_helper.py"]})
 
 
+def test_a_change_to_the_package_an_op_module_lives_in_affects_the_op(repo: Path) -> None:
+    """Importing ``fx_segv.impl`` runs ``fx_segv/__init__.py`` first: a break there breaks the op's
+    cells, so it counts (for the verdict cache too), though no import statement names it."""
+    init = repo / "ops" / "fx_segv" / "__init__.py"
+    init.write_text(init.read_text() + 'raise RuntimeError("broken package")\n')
+    assert affected(repo) == ([], {"fx_segv": ["ops/fx_segv/__init__.py"]})
+    git(repo, "checkout", "--", "ops/fx_segv/__init__.py")
+    init.unlink()  # a namespace package now: still the op's
+    assert affected(repo) == ([], {"fx_segv": ["ops/fx_segv/__init__.py"]})
+
+
+def test_a_header_a_cuda_source_includes_from_a_subfolder_counts(tmp_path: Path) -> None:
+    """``#include "detail/math.h"``: the header is in the op's sources, so a change to it selects the
+    op and changes its verdict-cache digest and its build key; a header nothing includes does not."""
+    from opgate.matrix.sources import cuda_dependencies
+    from opgate.validators.cuda_build import source_hash
+
+    folder = tmp_path / "myop" / "cuda"
+    (folder / "detail" / "more").mkdir(parents=True)
+    kernel = folder / "kernel.cu"
+    kernel.write_text('#include "detail/math.h"\n#include <cuda_runtime.h>\n__global__ void k() {}\n')
+    (folder / "detail" / "math.h").write_text('#pragma once\n#include "more/deeper.cuh"\n')
+    (folder / "detail" / "more" / "deeper.cuh").write_text("#pragma once\n")
+    (folder / "detail" / "unused.h").write_text("#pragma once\n")
+    files, watched = cuda_dependencies([kernel])
+    mine = sorted(str(p.relative_to(tmp_path)) for p in files if tmp_path in p.parents)
+    assert mine == ["myop/cuda/detail/math.h", "myop/cuda/detail/more/deeper.cuh", "myop/cuda/kernel.cu"]
+    assert (folder / "detail" / "math.h").resolve() in watched
+    before = source_hash([kernel])
+    (folder / "detail" / "more" / "deeper.cuh").write_text("#pragma once\n#define SCALE 2\n")
+    assert source_hash([kernel]) != before  # a stale build is not reused
+    after = source_hash([kernel])
+    (folder / "detail" / "unused.h").write_text("#pragma once\n#define UNUSED 1\n")
+    assert source_hash([kernel]) == after
+
+
 def test_new_untracked_and_unrelated_files(repo: Path) -> None:
     (repo / "docs.md").write_text("unrelated\n")
     (repo / "ops" / "fx_segv" / "selftest.py").write_text("print('nothing imports me')\n")

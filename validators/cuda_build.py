@@ -42,8 +42,6 @@ from opgate.validators.toolchain import Toolchain, ensure_nvcc, find_toolchain, 
 
 #: Headers shared by every opgate CUDA op (on the include path of each build).
 SHARED_INCLUDE = Path(ops.__file__).resolve().parent / "_cuda"
-#: Files hashed into the build key: everything a source may #include from its folder.
-SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp")
 #: Flags are part of the key too: changing them must rebuild.
 EXTRA_CFLAGS = ("-O3",)
 EXTRA_CUDA_CFLAGS = ("-O3",)
@@ -94,13 +92,18 @@ def arch_list(sass: Sequence[str], ptx: bool) -> str:
 
 
 def source_hash(sources: Sequence[Path]) -> str:
-    """sha256 over every source and header in the sources' folders and ops/_cuda, plus the flags."""
-    files: set[Path] = set()
+    """sha256 over every source and header the build reads, plus the flags.
+
+    The sources' folders and ops/_cuda, and every ``#include "..."`` followed
+    from them (:func:`opgate.matrix.sources.cuda_dependencies`: a header in a
+    subfolder changes the key too, where a stale build was reused before).
+    """
+    from opgate.matrix.sources import cuda_dependencies
+
     for src in sources:
         if not src.is_file():
             raise FileNotFoundError(f"CUDA source {src} does not exist")
-        files.update(p for p in src.parent.iterdir() if p.suffix in SOURCE_SUFFIXES and p.is_file())
-    files.update(p for p in SHARED_INCLUDE.iterdir() if p.suffix in SOURCE_SUFFIXES and p.is_file())
+    files, _ = cuda_dependencies([src.resolve() for src in sources])
     h = hashlib.sha256()
     for f in sorted(files):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
