@@ -25,8 +25,13 @@ from opgate.matrix.errors import ResultsFormatError, UsageError
 from opgate.matrix.files import read_json
 from opgate.matrix.modes import to_json as modes_json
 from opgate.reports.merge import Entry, Merged
-from opgate.reports.perf import HISTORY_LIMIT, PERF_CHECK, SAMPLES_KEPT, series_from_results, with_history
-from opgate.reports.worth import perf_problem
+from opgate.reports.perf import (
+    HISTORY_LIMIT,
+    SAMPLES_KEPT,
+    refuse_bad_perf,
+    series_from_results,
+    with_history,
+)
 from opgate.validators.env import Fingerprint, FingerprintError
 from opgate.validators.result import CellResult, compact_record, dumps_one_record_per_line
 
@@ -118,13 +123,6 @@ class Compat:
 def build(merged: Merged, history: Compat | None = None, generated_at: str | None = None) -> Compat:
     """The compat document for a merge, with perf history carried over from ``history``."""
     when = generated_at or now_utc()
-    for e in merged.entries:  # a malformed perf record is refused here, where its file is known
-        check = e.result.check(PERF_CHECK)
-        problem = check is not None and perf_problem(check.details, timed=e.result.verdict.ran)
-        if problem:
-            raise ResultsFormatError(
-                f"{e.source or 'results'}: cell {e.result.id}: perf check details.{problem}"
-            )
     # a point of history is labelled with when its run finished, not when it was published
     finished = {src.path: src.finished_at for src in merged.sources}
     new_series = [
@@ -178,6 +176,7 @@ def from_document(doc: Mapping[str, Any], where: str) -> Compat:
 
     entries = [entry(r) for r in doc["cells"]]
     controls = [entry(r) for r in doc.get("controls") or []]
+    refuse_bad_perf((e.result for e in entries), where)
     return Compat(
         generated_at=str(doc["generated_at"]),
         environments={k: dict(v) for k, v in doc["environments"].items()},

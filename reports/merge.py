@@ -26,6 +26,7 @@ from typing import Any
 from opgate.matrix.errors import MergeConflict, MissingShard, ResultsFormatError
 from opgate.matrix.plan import load_manifest
 from opgate.reports.completeness import missing_cells
+from opgate.reports.perf import refuse_bad_perf
 from opgate.validators.env import Fingerprint, FingerprintError
 from opgate.validators.result import CellResult, RunResults
 
@@ -79,7 +80,9 @@ def read_runs(directories: Sequence[Path]) -> list[tuple[Path, RunResults]]:
         path = results_path(directory)
         if not path.exists():
             raise ResultsFormatError(f"{path}: no results file (did the run write to {directory}?)")
-        runs.append((path, RunResults.read(path)))
+        run = RunResults.read(path)
+        refuse_bad_perf(run.cells, str(path))
+        runs.append((path, run))
     return runs
 
 

@@ -35,8 +35,10 @@ from dataclasses import asdict, dataclass
 from statistics import median
 from typing import Any
 
+from opgate.matrix.errors import ResultsFormatError
 from opgate.validators.env import Fingerprint
 from opgate.validators.perf.stats import judge, mann_whitney_u
+from opgate.validators.perf.worth import FINDINGS
 from opgate.validators.result import CellResult
 
 PERF_CHECK = "perf"
@@ -186,6 +188,58 @@ def details_problem(details: Mapping[str, Any]) -> str | None:
     return None
 
 
+def summary_problem(summary: Any) -> str | None:
+    """Why a worth-it summary cannot be shown (``ratio is null, ...``), or None.
+
+    ``finding`` orders the cells (the worst over dtypes is shown) and ``ratio`` and ``best``
+    are printed, so all three must be what ``validators.perf.worth.cell_finding`` writes.
+    """
+    if not isinstance(summary, Mapping):
+        return f"is {shown(summary)}, not an object"
+    missing = [k for k in ("finding", "ratio", "best") if k not in summary]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if summary.get("finding") not in FINDINGS:
+        return f"finding is {shown(summary.get('finding'))}, not one of {', '.join(FINDINGS)}"
+    if why := number_problem(summary.get("ratio"), positive=True):
+        return f"ratio {why}"
+    if not isinstance(summary.get("best"), str):
+        return f"best is {shown(summary.get('best'))}, not the name of a baseline"
+    return None
+
+
+def perf_problem(details: Mapping[str, Any], *, timed: bool = True) -> str | None:
+    """Why a perf check's ``details`` cannot be published, as ``field ...``, or None.
+
+    The perf points (:func:`details_problem`, read when the cell ran) and the worth-it
+    summary; checked once, where a results or compat file is read (:func:`refuse_bad_perf`).
+    """
+    if timed and (why := details_problem(details)):
+        return why
+    record = details.get("worth_it")
+    if record is None:
+        return None
+    if not isinstance(record, Mapping):
+        return f"worth_it is {shown(record)}, not an object"
+    if "summary" in record and record["summary"] is not None and (why := summary_problem(record["summary"])):
+        return at("worth_it.summary", why)
+    return None
+
+
+def refuse_bad_perf(results: Iterable[CellResult], where: str) -> None:
+    """Refuse a file whose perf records no report can use, naming it, the cell and the field.
+
+    Called where a results file (:func:`reports.merge.read_runs`) or a compat file
+    (:func:`reports.compat.from_document`) is read: every reader after that (the history,
+    the worth-it table) takes the records as sound, before anything is written.
+    """
+    for result in results:
+        check = result.check(PERF_CHECK)
+        problem = perf_problem(check.details, timed=result.verdict.ran) if check is not None else None
+        if problem:
+            raise ResultsFormatError(f"{where}: cell {result.id}: perf check details.{problem}")
+
+
 def _run_record(
     point: Mapping[str, Any], run: str, ceilings: Mapping[str, Any] | None = None
 ) -> dict[str, Any] | None:
@@ -232,8 +286,7 @@ def series_from_results(
         ceilings = check.details.get("ceilings")
         ceilings = ceilings if isinstance(ceilings, Mapping) else {}
         for point in points if isinstance(points, list) else []:
-            # refused before this, naming its results file (reports.compat.build): never used here
-            if point_problem(point) is not None:
+            if not isinstance(point, Mapping):
                 continue
             record = _run_record(point, run, ceilings)
             if record is None:

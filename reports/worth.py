@@ -14,37 +14,30 @@ from collections.abc import Iterable, Mapping
 from html import escape
 from typing import Any
 
-from opgate.matrix.errors import ResultsFormatError
 from opgate.matrix.modes import MODES as ALL_MODES
 from opgate.reports.envs import column_of, column_sort_key
 from opgate.reports.merge import Entry
-from opgate.reports.perf import at, details_problem, number_problem, shown
+from opgate.reports.perf import PERF_CHECK
 from opgate.reports.view import row_of
 from opgate.validators.perf.worth import FINDINGS, SLOWER
 
 #: The timed modes (:attr:`opgate.matrix.modes.Mode.timed`): the worth-it table's columns.
 MODES = tuple(name for name, m in ALL_MODES.items() if m.timed)
-PERF_CHECK = "perf"
 
 
 def worth_rows(entries: Iterable[Entry]) -> list[dict[str, Any]]:
     """One row per cell with a worth-it summary: op/impl, environment column, mode, dtype, the summary.
 
-    A cell without a summary (nothing timed) has no row; a perf record that is there but
-    malformed is refused (:func:`perf_problem`) rather than left out, since a left-out row
-    reads as "not timed" and could hide a ``slower`` finding.
+    A cell without a summary (nothing timed) has no row.  A summary that is there but
+    malformed never gets here: the results and compat files are refused as they are read
+    (:func:`reports.perf.refuse_bad_perf`), since a left-out row reads as "not timed" and could
+    hide a ``slower`` finding.
     """
     rows = []
     for entry in entries:
         check = entry.result.check(PERF_CHECK)
-        if check is None:
-            continue
-        problem = perf_problem(check.details, timed=entry.result.verdict.ran)
-        if problem:
-            where = entry.source or "results"
-            raise ResultsFormatError(f"{where}: cell {entry.result.id}: perf check details.{problem}")
-        record = check.details.get("worth_it")
-        if record is None or record.get("summary") is None:
+        record = check.details.get("worth_it") if check is not None else None
+        if not isinstance(record, Mapping) or not isinstance(record.get("summary"), Mapping):
             continue
         cell = entry.result.cell
         rows.append(
@@ -52,46 +45,6 @@ def worth_rows(entries: Iterable[Entry]) -> list[dict[str, Any]]:
              "dtype": cell.dtype, "context": record.get("context")}
         )  # fmt: skip
     return rows
-
-
-def summary_problem(summary: Any) -> str | None:
-    """Why a worth-it summary cannot be shown (``ratio is null, ...``), or None.
-
-    ``finding`` orders the cells (the worst over dtypes is shown) and ``ratio`` and ``best``
-    are printed, so all three must be what :func:`validators.perf.worth.cell_finding` writes.
-    """
-    if not isinstance(summary, Mapping):
-        return f"is {shown(summary)}, not an object"
-    missing = [k for k in ("finding", "ratio", "best") if k not in summary]
-    if missing:
-        return f"lacks {', '.join(missing)}"
-    if summary.get("finding") not in FINDINGS:
-        return f"finding is {shown(summary.get('finding'))}, not one of {', '.join(FINDINGS)}"
-    if why := number_problem(summary.get("ratio"), positive=True):
-        return f"ratio {why}"
-    if not isinstance(summary.get("best"), str):
-        return f"best is {shown(summary.get('best'))}, not the name of a baseline"
-    return None
-
-
-def perf_problem(details: Mapping[str, Any], *, timed: bool = True) -> str | None:
-    """Why a perf check's ``details`` cannot be published, as ``field ...``, or None.
-
-    The perf points (:func:`reports.perf.details_problem`, read when the cell ran) and the
-    worth-it summary.  ``publish`` refuses such a record when it builds the compat document,
-    naming its results file (:func:`reports.compat.build`), before it writes anything; the
-    worth-it table checks again what it renders from a compat document read from disk.
-    """
-    if timed and (why := details_problem(details)):
-        return why
-    record = details.get("worth_it")
-    if record is None:
-        return None
-    if not isinstance(record, Mapping):
-        return f"worth_it is {shown(record)}, not an object"
-    if "summary" in record and record["summary"] is not None and (why := summary_problem(record["summary"])):
-        return at("worth_it.summary", why)
-    return None
 
 
 def _worst(rows: list[dict[str, Any]]) -> dict[str, Any]:
