@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 from opgate import ops
+from opgate.matrix.sources import cuda_dependencies
 from opgate.ops import _extension
 from opgate.ops._extension import CudaBuildUnsupported
 from opgate.validators.toolchain import Toolchain, ensure_nvcc, find_toolchain, nvcc_release
@@ -98,8 +99,6 @@ def source_hash(sources: Sequence[Path]) -> str:
     from them (:func:`opgate.matrix.sources.cuda_dependencies`: a header in a
     subfolder changes the key too, where a stale build was reused before).
     """
-    from opgate.matrix.sources import cuda_dependencies
-
     for src in sources:
         if not src.is_file():
             raise FileNotFoundError(f"CUDA source {src} does not exist")
