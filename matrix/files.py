@@ -16,8 +16,11 @@ results.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +142,21 @@ def write_output(path: Path, text: str, *, atomic: bool = False) -> None:
             target.replace(path)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the file ``lock`` (made, with its folder, if missing).
+
+    What read-modify-writes of a shared file (a cache's history, its variant
+    store) and one-at-a-time decisions (a toolkit's install, a warm server's
+    start) hold, so two processes never interleave them.  The lock is the open
+    file's: a process killed while holding it releases it.
+    """
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)

@@ -17,7 +17,6 @@ cost the most it ever took here (its cold compile), not its last, warm, run.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opgate.matrix.cell import Cell
+from opgate.matrix.files import exclusive
 from opgate.matrix.plan import estimate
 from opgate.validators.cache import identity_digest
 
@@ -75,9 +75,7 @@ class History:
         """
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.with_name(f"{self.path.name}.lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with exclusive(self.path.with_name(f"{self.path.name}.lock")):
             on_disk = _read(self.path)
             peaks = dict(on_disk.get("peaks", {}))
             for cell, seconds in self.measured.items():

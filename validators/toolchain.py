@@ -22,7 +22,6 @@ is remembered, so the wheel is not fetched again for every cell).
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
@@ -33,11 +32,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from opgate.matrix.errors import OpgateError
+from opgate.matrix.files import exclusive
 
 _RELEASE_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+\.\d+)")
 _VERSION_RE = re.compile(r"^\d+\.\d+$")
@@ -174,18 +173,6 @@ def _installer() -> list[str]:
     raise ToolchainUnavailable(f"neither pip nor uv is available to {sys.executable} to install a toolkit")
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Exclusive lock, so parallel cells install one toolkit once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _finish_layout(home: Path) -> None:
     """Make a wheel-installed toolkit look like an installed one to cpp_extension.
 
@@ -249,7 +236,7 @@ def ensure_nvcc(version: str) -> Toolchain:
     root = toolchains_root()
     dest = root / f"cuda-{version}"
     marker = dest / "toolchain.json"
-    with _locked(root / f"cuda-{version}.lock"):
+    with exclusive(root / f"cuda-{version}.lock"):
         if marker.is_file():
             info = json.loads(marker.read_text())
         else:

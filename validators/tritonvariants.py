@@ -50,7 +50,6 @@ How:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib
 import json
 import os
@@ -63,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
+from opgate.matrix.files import exclusive
 from opgate.validators.options import switched_off
 
 #: The run's folder the workers record into (set by the runner for a run with GPUs).
@@ -235,9 +235,7 @@ class Store:
         """
         cells_ran = set(ran)
         counts = {}
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with (self.folder / ".lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with exclusive(self.folder / ".lock"):
             for path in sorted(run_folder.glob("*.jsonl")):
                 tag = path.stem
                 if tag not in digests:

@@ -40,7 +40,6 @@ Anything that goes wrong here leaves the run on its own fork servers.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -50,10 +49,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from opgate.matrix.files import exclusive
 from opgate.validators.forkserver import ForkServer
 from opgate.validators.tritonvariants import RUN_VARIABLE
 
@@ -132,15 +132,9 @@ def server_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path) -> contextlib.AbstractContextManager[None]:
     """One run at a time decides whether to start the server at ``path`` (no two start it)."""
-    with path.with_suffix(".lock").open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return exclusive(path.with_suffix(".lock"))
 
 
 def _connect(path: Path) -> socket.socket | None:
