@@ -2,7 +2,7 @@
 """Where a fresh worker's first cell spends its time: each cell in its own forked child, profiled.
 
     python3 .ci/firstcell.py --select 'rope.*-cudagraphs' --n 4 --out out/firstcell [--kind cuda]
-        [--no-precompute] [--per-child K]
+        [--no-precompute] [--per-child K] [--stacks]
 
 This process preloads as a fork server does (:func:`opgate.validators.worker.preload`),
 then forks one child per cell, as an isolated cell's worker is forked: the child makes
@@ -10,7 +10,8 @@ its CUDA context (a worker does before its hello), then runs the cell while a th
 samples its stack every 5 ms (the checks use ``sys.setprofile`` themselves, so cProfile
 cannot).  Per cell it writes the check durations and the sampled functions, inclusive
 and leaf (``<out>/<n>-<k>.txt``) and one JSON line to ``<out>/cells.jsonl``.  ``--per-child K``:
-each child runs K cells in turn, so a worker's first cell and its later ones compare directly.
+each child runs K cells in turn, so a worker's first cell and its later ones compare directly;
+``--stacks`` also writes every sampled stack (``<n>-<k>.stacks.json``), to see who calls what.
 ``--no-precompute`` leaves out what the server computes before forking
 (:func:`opgate.validators.worker.precompute_keys`), so the difference is what each fresh
 worker would pay.  A diagnostic: the verdicts of these children are not opgate's
@@ -40,6 +41,8 @@ class Sampler(threading.Thread):
         self.target, self.every_s = ident, every_s
         self.inclusive: collections.Counter[str] = collections.Counter()
         self.leaf: collections.Counter[str] = collections.Counter()
+        #: whole stacks, outermost frame first (``--stacks``: who calls what the counters above name)
+        self.stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -47,6 +50,7 @@ class Sampler(threading.Thread):
             frame = sys._current_frames().get(self.target)
             seen: set[str] = set()
             leaf = True
+            stack: list[str] = []
             while frame is not None:
                 code = frame.f_code
                 where = code.co_filename.rsplit("site-packages/", 1)[-1]
@@ -57,7 +61,9 @@ class Sampler(threading.Thread):
                 if name not in seen:
                     seen.add(name)
                     self.inclusive[name] += 1
+                stack.append(name)
                 frame = frame.f_back
+            self.stacks[tuple(reversed(stack))] += 1
 
     def report(self, top: int) -> str:
         lines = []
@@ -69,7 +75,7 @@ class Sampler(threading.Thread):
 
 def _child(cells: list[tuple[Any, Any]], run_cell: Any, args: argparse.Namespace, n: int) -> None:
     """One fresh worker: its CUDA context, then ``cells`` one after the other (``--per-child``)."""
-    kind, out, top = args.kind, args.out, args.top
+    kind, out, top, stacks = args.kind, args.out, args.top, args.stacks
     import torch
 
     from opgate.validators.result import combine
@@ -97,6 +103,9 @@ def _child(cells: list[tuple[Any, Any]], run_cell: Any, args: argparse.Namespace
             "checks": checks,
         }
         (out / f"{n}-{k}.txt").write_text(json.dumps(line) + "\n" + sampler.report(top))
+        if stacks:  # one line per distinct stack: seconds, then its frames outermost first
+            rows = [[round(c * sampler.every_s, 3), *st] for st, c in sampler.stacks.most_common()]
+            (out / f"{n}-{k}.stacks.json").write_text(json.dumps(rows))
         with (out / "cells.jsonl").open("a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -109,6 +118,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--top", type=int, default=40, help="profile lines per ordering")
     ap.add_argument("--no-precompute", action="store_true")
+    ap.add_argument("--stacks", action="store_true", help="also write each cell's sampled stacks")
     ap.add_argument(
         "--per-child", type=int, default=1, help="cells each child runs in turn (the first is its first cell)"
     )
