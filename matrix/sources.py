@@ -82,7 +82,9 @@ def module_file(name: str, roots: Sequence[Path]) -> Path | None:
 def imported(path: Path, module: str) -> set[str]:
     """Module names ``path`` imports (``from a import b`` also yields ``a.b``: it may be a module).
 
-    Imports inside functions count (lazy imports are imports).  Each file is
+    Imports inside functions count (lazy imports are imports), and so do
+    modules named as a literal string to ``importlib.import_module`` or
+    ``__import__``.  Each file is
     parsed once per process while it stays unchanged: every op's walk meets
     the shared helpers again.
     """
@@ -111,7 +113,38 @@ def _imported(path: Path, module: str, mtime_ns: int, size: int) -> frozenset[st
                 base = ".".join([*anchor, *([base] if base else [])])
             names.add(base)
             names.update(f"{base}.{a.name}" for a in node.names)
+    names.update(_named_in_calls(tree, package))
     return frozenset(n for n in names if n)
+
+
+#: Calls that import the module their first argument names: ``importlib.import_module("x")``
+#: (also ``import_module(".x", "pkg")``) and ``__import__("x")``.
+_IMPORT_CALLS = frozenset({"import_module", "__import__"})
+
+
+def _literal(node: ast.expr | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _named_in_calls(tree: ast.AST, package: str) -> set[str]:
+    """Modules imported by a call with the name as a literal string (a plugin table, a lazy
+    import spelled as a call): ``import_module(f"ops.{name}")`` names no module and is not followed."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        name = _literal(node.args[0])
+        if called not in _IMPORT_CALLS or name is None:
+            continue
+        if name.startswith("."):  # relative: to the package given as a literal, else to this module's
+            base = _literal(node.args[1] if len(node.args) > 1 else None) or package
+            level = len(name) - len(name.lstrip("."))
+            parts = base.split(".")[: len(base.split(".")) - (level - 1)] if base else []
+            name = ".".join([*parts, *([name.lstrip(".")] if name.lstrip(".") else [])])
+        names.add(name)
+    return names
 
 
 def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:

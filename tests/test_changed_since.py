@@ -98,6 +98,29 @@ def test_a_change_to_the_package_an_op_module_lives_in_affects_the_op(repo: Path
     assert affected(repo) == ([], {"fx_segv": ["ops/fx_segv/__init__.py"]})
 
 
+def test_a_module_named_as_a_string_to_import_module_counts(repo: Path) -> None:
+    """``importlib.import_module("fx_plugin")`` imports as surely as an import statement: the module
+    counts for the op (and its verdict-cache digest); a name built at run time names nothing."""
+    from opgate.matrix.sources import op_source_files
+
+    (repo / "ops" / "fx_plugin.py").write_text("SCALE = 1\n")
+    (repo / "ops" / "fx_dynamic.py").write_text("SCALE = 1\n")
+    impl = repo / "ops" / "fx_segv" / "impl.py"
+    impl.write_text(
+        impl.read_text()
+        + "\nimport importlib  # noqa: E402\n\n\ndef _plugin(name: str = 'dynamic') -> object:\n"
+        + "    importlib.import_module(f'fx_{name}')\n    return importlib.import_module('fx_plugin')\n"
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a plugin")
+    spec = load_specs([repo / "ops"])["fx_segv"]
+    files = {p.name for p in op_source_files(spec)}
+    assert "fx_plugin.py" in files and "fx_dynamic.py" not in files
+    (repo / "ops" / "fx_plugin.py").write_text("SCALE = 2\n")
+    (repo / "ops" / "fx_dynamic.py").write_text("SCALE = 2\n")
+    assert affected(repo, "HEAD") == ([], {"fx_segv": ["ops/fx_plugin.py"]})
+
+
 def test_a_header_a_cuda_source_includes_from_a_subfolder_counts(tmp_path: Path) -> None:
     """``#include "detail/math.h"``: the header is in the op's sources, so a change to it selects the
     op and changes its verdict-cache digest and its build key; a header nothing includes does not."""
