@@ -115,7 +115,8 @@ def test_a_module_named_as_a_string_to_import_module_counts(repo: Path) -> None:
     git(repo, "commit", "-qm", "a plugin")
     spec = load_specs([repo / "ops"])["fx_segv"]
     files = {p.name for p in op_source_files(spec)}
-    assert "fx_plugin.py" in files and "fx_dynamic.py" not in files
+    assert "fx_plugin.py" in files
+    assert "fx_dynamic.py" not in files
     (repo / "ops" / "fx_plugin.py").write_text("SCALE = 2\n")
     (repo / "ops" / "fx_dynamic.py").write_text("SCALE = 2\n")
     assert affected(repo, "HEAD") == ([], {"fx_segv": ["ops/fx_plugin.py"]})
