@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.util
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -107,12 +108,10 @@ def _imported(path: Path, module: str, mtime_ns: int, size: int) -> frozenset[st
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*anchor, *([base] if base else [])])
-            names.add(base)
-            names.update(f"{base}.{a.name}" for a in node.names)
+            base = _absolute("." * node.level + (node.module or ""), package)
+            if base:
+                names.add(base)
+                names.update(f"{base}.{a.name}" for a in node.names)
     names.update(_named_in_calls(tree, package))
     return frozenset(n for n in names if n)
 
@@ -138,13 +137,17 @@ def _named_in_calls(tree: ast.AST, package: str) -> set[str]:
         name = _literal(node.args[0])
         if called not in _IMPORT_CALLS or name is None:
             continue
-        if name.startswith("."):  # relative: to the package given as a literal, else to this module's
-            base = _literal(node.args[1] if len(node.args) > 1 else None) or package
-            level = len(name) - len(name.lstrip("."))
-            parts = base.split(".")[: len(base.split(".")) - (level - 1)] if base else []
-            name = ".".join([*parts, *([name.lstrip(".")] if name.lstrip(".") else [])])
-        names.add(name)
+        # relative: to the package given as a literal, else to this module's
+        names.add(_absolute(name, _literal(node.args[1] if len(node.args) > 1 else None) or package))
     return names
+
+
+def _absolute(name: str, package: str) -> str:
+    """``name`` made absolute as Python would import it from ``package`` ("": it cannot be imported)."""
+    try:
+        return importlib.util.resolve_name(name, package) if name.startswith(".") else name
+    except ImportError:  # no package, or above the top-level one: the import fails, nothing to follow
+        return ""
 
 
 def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
