@@ -39,35 +39,32 @@ class Sampler(threading.Thread):
     def __init__(self, ident: int, every_s: float = 0.005) -> None:
         super().__init__(daemon=True)
         self.target, self.every_s = ident, every_s
-        self.inclusive: collections.Counter[str] = collections.Counter()
-        self.leaf: collections.Counter[str] = collections.Counter()
-        #: whole stacks, outermost frame first (``--stacks``: who calls what the counters above name)
+        #: whole stacks, outermost frame first: the report's counts derive from them (``--stacks``
+        #: writes them, to see who calls what the report names)
         self.stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(self.every_s):
             frame = sys._current_frames().get(self.target)
-            seen: set[str] = set()
-            leaf = True
             stack: list[str] = []
             while frame is not None:
                 code = frame.f_code
                 where = code.co_filename.rsplit("site-packages/", 1)[-1]
-                name = f"{where}:{code.co_firstlineno}({code.co_name})"
-                if leaf:
-                    self.leaf[name] += 1
-                    leaf = False
-                if name not in seen:
-                    seen.add(name)
-                    self.inclusive[name] += 1
-                stack.append(name)
+                stack.append(f"{where}:{code.co_firstlineno}({code.co_name})")
                 frame = frame.f_back
-            self.stacks[tuple(reversed(stack))] += 1
+            if stack:
+                self.stacks[tuple(reversed(stack))] += 1
 
     def report(self, top: int) -> str:
+        inclusive: collections.Counter[str] = collections.Counter()
+        leaf: collections.Counter[str] = collections.Counter()
+        for stack, n in self.stacks.items():
+            leaf[stack[-1]] += n
+            for name in set(stack):  # a recursive function counts once per sample
+                inclusive[name] += n
         lines = []
-        for title, counter in (("on the stack", self.inclusive), ("at the top", self.leaf)):
+        for title, counter in (("on the stack", inclusive), ("at the top", leaf)):
             lines.append(f"-- {title} (s)")
             lines += [f"{n * self.every_s:8.2f}  {name}" for name, n in counter.most_common(top)]
         return "\n".join(lines) + "\n"
