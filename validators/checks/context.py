@@ -2,10 +2,15 @@
 
 The context imports the implementation (which registers its torch.library
 op), resolves the op, reference and sample-input callables named in the spec,
-and hands out inputs.  Inputs are *regenerated* from the seed on every request
-instead of shared: a check (or an op that wrongly mutates its inputs) can never
-disturb the inputs another check sees, and every number in a result can be
-reproduced from the recorded seed alone.
+and hands out inputs.  Every request gets inputs of its own, never shared: a
+check (or an op that wrongly mutates its inputs) can never disturb the inputs
+another check sees, and every number in a result can be reproduced from the
+recorded seed alone.  The sample function runs once per (dtype, shapes) and
+cell; each request gets a deep copy of what it drew, made on the device
+(copying is far cheaper than drawing on the CPU and uploading again, which
+waits for the device on every upload), with strides, storage offsets and the
+sharing of one storage between tensors kept as drawn.  Samples that cannot be
+deep-copied (a non-leaf tensor) or are too large to keep are drawn again.
 
 In the modes that run the op inside a small graph (compile, cudagraphs,
 export: :mod:`validators.checks.opgraph`), ``reference`` is the spec's
@@ -15,6 +20,7 @@ sets like against like.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import sys
@@ -37,6 +43,23 @@ if TYPE_CHECKING:
 
 #: Odd multiplier that spreads (seed, stream) pairs over the generator's 63-bit seed space.
 _STREAM_MIX = 0x9E3779B97F4A7C15
+
+#: Drawn samples up to this many bytes (all storages of one request) are kept for copying;
+#: larger ones (benchmark shapes) are drawn again, so a cell never holds a second big copy.
+KEEP_BYTES = 256 << 20
+
+_SampleKey = tuple[torch.dtype, tuple[tuple[int, ...], ...]]
+
+
+def _storage_bytes(samples: list[SampleInput]) -> int:
+    """Bytes of the distinct storages behind the samples' tensor arguments."""
+    seen: dict[int, int] = {}
+    for s in samples:
+        for a in (*s.args, *s.kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                st = a.untyped_storage()
+                seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+    return sum(seen.values())
 
 
 def call(fn: Callable[..., Any], sample: SampleInput) -> Any:
@@ -89,6 +112,8 @@ class CellContext:
     #: Names seen by the evidence check (what the outcome reports as ``kernels``).
     kernels: list[str] = field(default_factory=list)
     _zero: tuple[int, ...] | None = field(default=None, repr=False)
+    #: Samples as drawn, per (dtype, shapes), never handed out (None: draw again on every request).
+    _drawn: dict[_SampleKey, list[SampleInput] | None] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def device_kind(self) -> str:
@@ -105,12 +130,26 @@ class CellContext:
     def samples(
         self, *, dtype: torch.dtype | None = None, shapes: list[tuple[int, ...]] | None = None
     ) -> list[SampleInput]:
-        """Fresh contiguous sample inputs, one per shape, drawn from the cell's seed."""
+        """Contiguous sample inputs of this request's own, one per shape, drawn from the cell's seed."""
+        key: _SampleKey = (dtype or self.dtype, tuple(tuple(s) for s in shapes or self.shapes))
+        if key in self._drawn:
+            kept = self._drawn[key]
+            if kept is not None:
+                return copy.deepcopy(kept)
+            return self._draw(key)
+        drawn = self._draw(key)
+        try:
+            mine = copy.deepcopy(drawn)
+        except Exception:  # noqa: BLE001 - a non-leaf tensor, a subclass or object without a deep copy
+            self._drawn[key] = None
+            return drawn
+        self._drawn[key] = drawn if _storage_bytes(drawn) <= KEEP_BYTES else None
+        return mine
+
+    def _draw(self, key: _SampleKey) -> list[SampleInput]:
+        dtype, shapes = key
         gen = self.generator(0)
-        return [
-            self.sample_fn(tuple(shape), dtype or self.dtype, self.device, gen)
-            for shape in shapes or self.shapes
-        ]
+        return [self.sample_fn(shape, dtype, self.device, gen) for shape in shapes]
 
     def inputs(
         self,
