@@ -104,6 +104,24 @@ def test_samples_that_cannot_be_copied_are_drawn_on_every_request(tmp_path: Path
     assert torch.equal(a[0].args[0], b[0].args[0])
 
 
+def test_samples_without_a_storage_to_measure_are_drawn_on_every_request(tmp_path: Path) -> None:
+    """A sparse tensor deep-copies but has no storage to size: drawn again, never an error."""
+    calls = {"n": 0}
+
+    def sparse(shape: tuple[int, ...], dtype: torch.dtype, device: str, gen: torch.Generator) -> SampleInput:
+        calls["n"] += 1
+        dense = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+        return SampleInput(args=(dense.to_sparse(),), layout_args=())
+
+    cell = make_cell("zoo_good", "fp32", "contiguous", "eager")
+    ctx = dataclasses.replace(
+        build_context(cell, specs()["zoo_good"], "cpu", 7, tmp_path), sample_fn=sparse, shapes=[(4, 8)]
+    )
+    a, b = ctx.samples(), ctx.samples()
+    assert calls["n"] == 2
+    assert torch.equal(a[0].args[0].to_dense(), b[0].args[0].to_dense())
+
+
 def test_samples_over_the_size_limit_are_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(context, "KEEP_BYTES", 100)
     fn = CountingSamples()

@@ -140,10 +140,11 @@ class CellContext:
         drawn = self._draw(key)
         try:
             mine = copy.deepcopy(drawn)
-        except Exception:  # noqa: BLE001 - a non-leaf tensor, a subclass or object without a deep copy
+            keep = _storage_bytes(drawn) <= KEEP_BYTES
+        except Exception:  # noqa: BLE001 - a non-leaf tensor, a sparse or wrapper tensor without a storage
             self._drawn[key] = None
             return drawn
-        self._drawn[key] = drawn if _storage_bytes(drawn) <= KEEP_BYTES else None
+        self._drawn[key] = drawn if keep else None
         return mine
 
     def _draw(self, key: _SampleKey) -> list[SampleInput]:
