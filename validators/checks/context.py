@@ -6,10 +6,12 @@ and hands out inputs.  Every request gets inputs of its own, never shared: a
 check (or an op that wrongly mutates its inputs) can never disturb the inputs
 another check sees, and every number in a result can be reproduced from the
 recorded seed alone.  The sample function runs once per (dtype, shapes) and
-cell; each request gets a deep copy of what it drew, made on the device
-(copying is far cheaper than drawing on the CPU and uploading again, which
-waits for the device on every upload), with strides, storage offsets and the
-sharing of one storage between tensors kept as drawn.  Samples that cannot be
+cell; each request gets a deep copy of what it drew, made on the device, with
+strides, storage offsets and the sharing of one storage between tensors kept
+as drawn.  Drawing on the CPU and uploading for every request took rope's
+sample function 0.45-0.74 s of four cells' checks on the GPU
+(``results/runs/h100-speed-warm-2``); the copies do not show in the same
+profile (``results/runs/h200-speed-warm-10``).  Samples that cannot be
 deep-copied (a non-leaf tensor) or are too large to keep are drawn again.
 
 In the modes that run the op inside a small graph (compile, cudagraphs,
