@@ -7,8 +7,11 @@ change?" and digests the files; ``--changed-since REF``
 compares paths.  Both walk the same imports, so a shared helper
 (``ops/_triton_util.py``) or a sibling op's kernels that ``fused_add_rms_norm``
 imports count for the ops that import them, and a self-test script nothing
-imports counts for none.  It lives in the matrix stage because ``opgate plan``
-answers the second question without importing the validators (or torch).
+imports counts for none.  Files an op reads at run time (a table, a config)
+are no import: the spec names them (``data``, globs relative to it), and they
+count the same way, a file added or deleted under a glob too.  It lives in
+the matrix stage because ``opgate plan`` answers the second question without
+importing the validators (or torch).
 
 Third-party modules are never walked: they are covered by their installed
 versions in the cache's environment key.
@@ -17,8 +20,10 @@ versions in the cache's environment key.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import functools
 import importlib.util
+import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -171,10 +176,34 @@ class Closure:
     files: dict[Path, None] = field(default_factory=dict)  # existing files, in discovery order
     watched: set[Path] = field(default_factory=set)  # files + where imported modules could appear
     cuda_dirs: set[Path] = field(default_factory=set)  # a CUDA source added to one of these counts too
+    #: (spec folder, glob) of the files the op reads at run time: one added or deleted counts too
+    data: list[tuple[Path, str]] = field(default_factory=list)
 
     def covers(self, path: Path) -> bool:
         """Whether a change to ``path`` (resolved; it may no longer exist) can change the verdict."""
-        return path in self.watched or (path.parent in self.cuda_dirs and path.suffix in CUDA_SUFFIXES)
+        if path in self.watched or (path.parent in self.cuda_dirs and path.suffix in CUDA_SUFFIXES):
+            return True
+        return any(_data_match(path, base, pattern) for base, pattern in self.data)
+
+
+def _data_match(path: Path, base: Path, pattern: str) -> bool:
+    """``path`` is one of ``pattern``'s files, or under a folder it names (relative to ``base``)."""
+    rel = os.path.relpath(path, base).replace(os.sep, "/")
+    glob = os.path.normpath(pattern).replace(os.sep, "/").rstrip("/")
+    folders = [rel[:i] for i, ch in enumerate(rel) if ch == "/"]
+    return fnmatch.fnmatchcase(rel, glob) or any(fnmatch.fnmatchcase(folder, glob) for folder in folders)
+
+
+def data_files(base: Path, patterns: Iterable[str]) -> list[Path]:
+    """The files ``patterns`` (globs relative to ``base``) name; a folder they match counts its files."""
+    found: dict[Path, None] = {}
+    for pattern in patterns:
+        for hit in sorted(base.glob(pattern)):
+            if hit.is_dir():
+                found.update(dict.fromkeys(sorted(p.resolve() for p in hit.rglob("*") if p.is_file())))
+            elif hit.is_file():
+                found[hit.resolve()] = None
+    return list(found)
 
 
 def import_closure(modules: Iterable[str], roots: Sequence[Path], closure: Closure | None = None) -> Closure:
@@ -257,6 +286,9 @@ def op_closure(spec: Any) -> Closure:
             found.watched.update(watched)
             found.cuda_dirs.update({*(src.parent for src in sources), SHARED_CUDA.resolve()})
     import_closure(modules, roots, found)
+    data = tuple(getattr(spec, "data", ()))
+    found.files.update(dict.fromkeys(data_files(spec_path.parent, data)))
+    found.data += [(spec_path.parent, pattern) for pattern in data]
     found.watched.update(found.files)
     return found
 

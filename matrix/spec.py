@@ -162,6 +162,9 @@ class OpSpec:
     root: Path | None
     #: several PyTorch ops computed in one kernel (op inventory); declared by the spec
     fused: bool = False
+    #: globs, relative to the spec, of files the op's code reads at run time: they count for its
+    #: verdict-cache digest and ``--changed-since`` as its imported sources do
+    data: tuple[str, ...] = ()
 
 
 def resolve(ref: str, root: Path | None = None) -> Any:
@@ -354,6 +357,22 @@ def _cost_checks(data: dict[str, Any], tree: YMap, problems: Problems) -> None:
         problems.add(where, f"cost.{key}: {why}", hint)
 
 
+def _data_checks(data: dict[str, Any], tree: YMap, spec_dir: Path, problems: Problems) -> None:
+    """Each ``data`` glob matches a file: one that matches nothing is a typo, and would count for nothing."""
+    from opgate.matrix.sources import data_files
+
+    globs, node = data.get("data"), tree.get("data")
+    if not (isinstance(globs, list) and valid(globs)) or node is None:
+        return
+    for pattern in globs:
+        if isinstance(pattern, str) and not data_files(spec_dir, [pattern]):
+            problems.add(
+                node.where,
+                f"data: {pattern!r} matches no file next to the spec",
+                "a glob relative to the spec's folder, e.g. tables/*.json",
+            )
+
+
 def load_spec(path: Path, root: Path | None) -> OpSpec:
     """Validate one spec file; ``root`` is the directory its module references import from."""
     path = Path(path)
@@ -366,6 +385,7 @@ def load_spec(path: Path, root: Path | None) -> OpSpec:
         if isinstance(shapes, dict) and "default" not in shapes and shapes_key is not None:
             problems.add(shapes_key.where, "shapes: a 'default' shape set is required")
         _cost_checks(data, tree, problems)
+        _data_checks(data, tree, path.parent, problems)
         impls, impl_nodes = data.get("implementations"), tree.get("implementations")
         if isinstance(impls, dict) and isinstance(impl_nodes, YMap):
             for name, raw in impls.items():
@@ -394,6 +414,7 @@ def load_spec(path: Path, root: Path | None) -> OpSpec:
         modes=list(data["modes"]),
         dynamic_shapes=bool(data.get("dynamic_shapes", False)),
         fused=bool(data.get("fused", False)),
+        data=tuple(data.get("data", ())),
         tolerance=Tolerance(**data["tolerance"]),
         copies_allowed=int(data.get("copies_allowed", 0)),
         implementations=impls,

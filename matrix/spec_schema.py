@@ -132,6 +132,8 @@ SPEC_SCHEMA = Record(
         "modes": Field(ListOf(Enum(MODES, "mode"), min_len=1, unique=True), required=True),
         "dynamic_shapes": Bool(),
         "fused": Bool(),
+        # files the op's code reads at run time (tables, configs, blobs): in its digest and --changed-since
+        "data": ListOf(Str("a glob relative to the spec", FILE_GLOB), min_len=1, unique=True),
         "tolerance": Field(
             Record("tolerance", {k: Field(s, True) for k, s in TOLERANCE_FIELDS.items()}), required=True
         ),

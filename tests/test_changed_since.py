@@ -122,6 +122,51 @@ def test_a_module_named_as_a_string_to_import_module_counts(repo: Path) -> None:
     assert affected(repo, "HEAD") == ([], {"fx_segv": ["ops/fx_plugin.py"]})
 
 
+def test_data_files_the_spec_names_count_added_and_deleted_ones_too(repo: Path) -> None:
+    """A table the op reads at run time is no import: named under ``data``, it is in the op's digest
+    files and a change to it (a new file under the glob, a deleted one) selects the op; others do not."""
+    from opgate.matrix.sources import op_source_files
+
+    op_dir = repo / "ops" / "fx_segv"
+    (op_dir / "tables" / "more").mkdir(parents=True)
+    (op_dir / "tables" / "scale.json").write_text('{"scale": 1}\n')
+    (op_dir / "tables" / "more" / "bias.json").write_text('{"bias": 0}\n')
+    (op_dir / "blob.bin").write_bytes(b"\x00\x01")
+    (op_dir / "notes.txt").write_text("not data\n")
+    spec = op_dir / "spec.yaml"
+    spec.write_text(spec.read_text() + "data: [tables, 'blob.*']\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "data files")
+    mine = op_dir.resolve()
+    spec_files = op_source_files(load_specs([repo / "ops"])["fx_segv"])
+    files = {str(p.relative_to(mine)) for p in spec_files if mine in p.parents}
+    assert {"tables/scale.json", "tables/more/bias.json", "blob.bin"} <= files
+    assert "notes.txt" not in files
+    (op_dir / "notes.txt").write_text("still not data\n")
+    assert affected(repo, "HEAD") == ([], {})
+    (op_dir / "tables" / "more" / "bias.json").write_text('{"bias": 1}\n')
+    assert affected(repo, "HEAD") == ([], {"fx_segv": ["ops/fx_segv/tables/more/bias.json"]})
+    git(repo, "checkout", "--", ".")
+    (op_dir / "tables" / "new.json").write_text("{}\n")  # a new file under the glob, untracked
+    assert affected(repo, "HEAD") == ([], {"fx_segv": ["ops/fx_segv/tables/new.json"]})
+    (op_dir / "tables" / "new.json").unlink()
+    (op_dir / "tables" / "scale.json").unlink()  # deleted: no longer on disk, still the op's
+    assert affected(repo, "HEAD") == ([], {"fx_segv": ["ops/fx_segv/tables/scale.json"]})
+    git(repo, "checkout", "--", ".")
+    (op_dir / "blob.bin").write_bytes(b"\x02")
+    assert affected(repo, "HEAD") == ([], {"fx_segv": ["ops/fx_segv/blob.bin"]})
+
+
+def test_a_data_glob_that_matches_nothing_is_a_spec_error_with_its_line(repo: Path) -> None:
+    spec = repo / "ops" / "fx_segv" / "spec.yaml"
+    spec.write_text(spec.read_text() + "data: [tabels/*.json]\n")
+    line = len(spec.read_text().splitlines())
+    with pytest.raises(ConfigError) as err:
+        load_specs([repo / "ops"])
+    assert f"spec.yaml:{line}" in str(err.value)
+    assert "data: 'tabels/*.json' matches no file next to the spec" in str(err.value)
+
+
 def test_a_header_a_cuda_source_includes_from_a_subfolder_counts(tmp_path: Path) -> None:
     """``#include "detail/math.h"``: the header is in the op's sources, so a change to it selects the
     op and changes its verdict-cache digest and its build key; a header nothing includes does not."""
