@@ -190,8 +190,9 @@ def _data_match(path: Path, base: Path, pattern: str) -> bool:
     """``path`` is one of ``pattern``'s files, or under a folder it names (relative to ``base``)."""
     rel = os.path.relpath(path, base).replace(os.sep, "/")
     glob = os.path.normpath(pattern).replace(os.sep, "/").rstrip("/")
+    globs = {glob, glob.replace("**/", "")}  # fnmatch's * crosses folders; ** may also match none
     folders = [rel[:i] for i, ch in enumerate(rel) if ch == "/"]
-    return fnmatch.fnmatchcase(rel, glob) or any(fnmatch.fnmatchcase(folder, glob) for folder in folders)
+    return any(fnmatch.fnmatchcase(name, g) for g in globs for name in (rel, *folders))
 
 
 def data_files(base: Path, patterns: Iterable[str]) -> list[Path]:

@@ -157,6 +157,27 @@ def test_data_files_the_spec_names_count_added_and_deleted_ones_too(repo: Path) 
     assert affected(repo, "HEAD") == ([], {"fx_segv": ["ops/fx_segv/blob.bin"]})
 
 
+@pytest.mark.parametrize(
+    ("rel", "pattern", "covered"),
+    [
+        ("tables/a.json", "tables/**/*.json", True),  # ** matches no folder too, as Path.glob's
+        ("tables/x/y/a.json", "tables/**/*.json", True),
+        ("tables/x/a.json", "tables", True),  # a folder counts its files
+        ("tables.json", "tables", False),
+        ("../shared/lut.bin", "../shared/*.bin", True),
+        ("tables/a.txt", "tables/*.json", False),
+    ],
+)
+def test_data_globs_cover_files_that_no_longer_exist(
+    tmp_path: Path, rel: str, pattern: str, covered: bool
+) -> None:
+    from opgate.matrix.sources import Closure
+
+    base = (tmp_path / "ops" / "myop").resolve()
+    closure = Closure(data=[(base, pattern)])
+    assert closure.covers((base / rel).resolve()) is covered
+
+
 def test_a_data_glob_that_matches_nothing_is_a_spec_error_with_its_line(repo: Path) -> None:
     spec = repo / "ops" / "fx_segv" / "spec.yaml"
     spec.write_text(spec.read_text() + "data: [tabels/*.json]\n")
