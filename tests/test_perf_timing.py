@@ -149,3 +149,14 @@ def test_read_clocks_only_queries(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_read_clocks_without_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert "error" in read_clocks()
+
+
+def test_input_bytes_counts_a_storage_two_views_share_once() -> None:
+    from opgate.ops.base import SampleInput
+    from opgate.validators.perf.timing import input_bytes
+
+    qkv = torch.zeros(4, 24)
+    shared = SampleInput(args=(qkv[:, :8], qkv[:, 8:16], 0.5))
+    assert input_bytes([shared]) == 4 * 24 * 4
+    apart = SampleInput(args=(torch.zeros(4, 8), torch.zeros(4, 8)))
+    assert input_bytes([shared, apart]) == 4 * 24 * 4 + 2 * 4 * 8 * 4

@@ -36,6 +36,7 @@ import torch
 from opgate.ops.base import DTYPES, SampleInput
 from opgate.validators.checks.opgraph import GRAPH_MODES, run_eagerly
 from opgate.validators.layouts import LayoutError, apply_layout, zero_size_variants
+from opgate.validators.perf.timing import input_bytes
 from opgate.validators.tolerance import Rule
 
 if TYPE_CHECKING:
@@ -51,17 +52,6 @@ _STREAM_MIX = 0x9E3779B97F4A7C15
 KEEP_BYTES = 256 << 20
 
 _SampleKey = tuple[torch.dtype, tuple[tuple[int, ...], ...]]
-
-
-def _storage_bytes(samples: list[SampleInput]) -> int:
-    """Bytes of the distinct storages behind the samples' tensor arguments."""
-    seen: dict[int, int] = {}
-    for s in samples:
-        for a in (*s.args, *s.kwargs.values()):
-            if isinstance(a, torch.Tensor):
-                st = a.untyped_storage()
-                seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
-    return sum(seen.values())
 
 
 def call(fn: Callable[..., Any], sample: SampleInput) -> Any:
@@ -142,7 +132,7 @@ class CellContext:
         drawn = self._draw(key)
         try:
             mine = copy.deepcopy(drawn)
-            keep = _storage_bytes(drawn) <= KEEP_BYTES
+            keep = input_bytes(drawn) <= KEEP_BYTES
         except Exception:  # noqa: BLE001 - a non-leaf tensor, a sparse or wrapper tensor without a storage
             self._drawn[key] = None
             return drawn

@@ -105,19 +105,21 @@ def _callables(ctx: CellContext) -> tuple[Any, Any, str]:
     return op, (lambda s: ref(*s.args, **s.kwargs)), name
 
 
-def _input_bytes(sample: Any) -> int:
-    return sum(t.untyped_storage().nbytes() for t in sample.tensors())
-
-
 def time_shape(ctx: CellContext, shape: tuple[int, ...], op: Any, baseline: Any) -> dict[str, Any]:
     """Interleaved op/baseline timing of one shape, over rotated input copies where they fit in L2."""
     import torch
 
-    from opgate.validators.perf.timing import CHECK_TIMING, Rotating, rotation_count, time_interleaved
+    from opgate.validators.perf.timing import (
+        CHECK_TIMING,
+        Rotating,
+        input_bytes,
+        rotation_count,
+        time_interleaved,
+    )
 
     first = ctx.inputs(shapes=[shape])[0]
     l2 = int(getattr(torch.cuda.get_device_properties(torch.device(ctx.device)), "L2_cache_size", 0))
-    copies = rotation_count(_input_bytes(first), l2)
+    copies = rotation_count(input_bytes([first]), l2)
     samples = [first] + [ctx.inputs(shapes=[shape])[0] for _ in range(copies - 1)]
     fns = {
         "op": Rotating(op, [((s,), {}) for s in samples]),

@@ -199,11 +199,11 @@ def _samples(ctx: CellContext, shape: tuple[int, ...]) -> list[SampleInput]:
     """The cell's inputs for ``shape``, as many copies as fit the L2 rotation rule."""
     import torch
 
-    from opgate.validators.perf.timing import rotation_count
+    from opgate.validators.perf.timing import input_bytes, rotation_count
 
     first = ctx.inputs(shapes=[shape])[0]
     if not ctx.device.startswith("cuda"):
         return [first]
     l2 = int(getattr(torch.cuda.get_device_properties(torch.device(ctx.device)), "L2_cache_size", 0))
-    size = sum(t.untyped_storage().nbytes() for t in first.tensors())
-    return [first] + [ctx.inputs(shapes=[shape])[0] for _ in range(rotation_count(size, l2) - 1)]
+    copies = rotation_count(input_bytes([first]), l2)
+    return [first] + [ctx.inputs(shapes=[shape])[0] for _ in range(copies - 1)]

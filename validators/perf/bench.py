@@ -288,11 +288,11 @@ def samples_for(
 
     from opgate.matrix.spec import resolve
     from opgate.ops.base import DTYPES
-    from opgate.validators.perf.timing import rotation_count
+    from opgate.validators.perf.timing import input_bytes, rotation_count
 
     sample_fn = resolve(spec.samples, spec.root)
     first = sample_fn(shape, DTYPES[dtype], device, torch.Generator().manual_seed(seed))
-    size = sum(t.untyped_storage().nbytes() for t in first.tensors())
+    size = input_bytes([first])
     return [first] + [
         sample_fn(shape, DTYPES[dtype], device, torch.Generator().manual_seed(seed + i))
         for i in range(1, rotation_count(size, l2))

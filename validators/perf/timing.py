@@ -28,7 +28,7 @@ import math
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +101,19 @@ def ab_schedule(names: Sequence[str], reps: int) -> list[str]:
     for i in range(reps):
         order.extend(names if i % 2 == 0 else list(reversed(names)))
     return order
+
+
+def input_bytes(samples: Iterable[Any]) -> int:
+    """Bytes of the distinct storages behind the samples' tensor arguments (two views of one count once).
+
+    What :func:`rotation_count` sizes copies by, and what a cell's context weighs before keeping a draw.
+    """
+    storages: dict[int, int] = {}
+    for sample in samples:
+        for t in sample.tensors():
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def rotation_count(input_bytes: int, l2_bytes: int, max_copies: int = MAX_ROTATIONS) -> int:
