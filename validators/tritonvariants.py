@@ -45,6 +45,10 @@ How:
   Nothing waits for these processes: the run kills them when it ends, and a
   variant that no longer fits its kernel (a parameter renamed) fails alone,
   in their log.
+
+What it is worth, on one H200 and the same host (``results/runs/h200-speed-warm-11``):
+rope's 85 one-op cells took 77 lane-s with it and 84 without (one-op 11.3 s and 9.1 s,
+against 11.8 s and 10.8 s).
 """
 
 from __future__ import annotations
